@@ -1,0 +1,3 @@
+"""capacity: a capacity planner for LLM serving with speculative decoding on AMD Instinct GPUs."""
+
+__version__ = "0.1.0"
