@@ -1,0 +1,200 @@
+"""The `capacity` command line. Each sub-command is a thin shell over a library function.
+
+Errors a user can fix (CapacityError) print one line and exit 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from capacity.errors import CapacityError
+
+
+def _json_default(o: Any):
+    import numpy as np
+
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return None if np.isnan(o) else float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(_clean(obj), indent=2, default=_json_default, allow_nan=False))
+
+
+def _clean(obj: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.floating):
+            return _clean(float(obj))
+    except ImportError:  # pragma: no cover
+        pass
+    return obj
+
+
+# ---------------------------------------------------------------------- commands
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from capacity import scenario as scenario_mod, simulate, summary
+
+    sc = scenario_mod.load(args.scenario, args.set)
+    if args.seed is not None:
+        sc.simulation.seed = args.seed
+    result = simulate.run(sc)
+    payload = summary.simulation_payload(result)
+    if args.out:
+        summary.write_simulation(result, payload, Path(args.out))
+    if args.json:
+        print_json(payload)
+    else:
+        print(summary.simulation_summary(result))
+        if args.out:
+            print(f"\nwrote {args.out}/result.json, requests.csv, scenario.yaml")
+    return 0
+
+
+def cmd_hardware(args: argparse.Namespace) -> int:
+    from capacity.hardware import list_gpus
+
+    gpus = list_gpus()
+    if args.json:
+        print_json([g.to_dict() for g in gpus])
+        return 0
+    head = f"{'GPU':8} {'bf16 TF':>8} {'fp8 TF':>8} {'fp4 TF':>8} {'HBM GB':>7} {'TB/s':>5} {'scale-up GB/s':>13} {'W':>5} {'$/h':>5}  efficiency (gemm/hbm/allreduce, overhead ms)"
+    print(head)
+    for g in gpus:
+        p = g.peak_dense_tflops
+        e = g.efficiency
+        fp4 = f"{p['fp4']:.0f}" if "fp4" in p else "-"
+        print(f"{g.name:8} {p.get('bf16', 0):8.0f} {p.get('fp8', 0):8.0f} {fp4:>8} {g.hbm_capacity_gb:7.0f} "
+              f"{g.hbm_bandwidth_tb_s:5.1f} {g.scaleup_bandwidth_gb_s:13.0f} {g.board_power_w:5.0f} {g.cost_per_gpu_hour_usd:5.2f}  "
+              f"{e['gemm']:.2f}/{e['hbm']:.2f}/{e['allreduce']:.2f}, {e['step_overhead_ms']:.2f}")
+    print("\nsources and bases: capacity hardware --json, or hw_profiles/*.yaml")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from capacity.models import list_models
+
+    models = list_models()
+    if args.json:
+        print_json([m.to_dict() for m in models])
+        return 0
+    print(f"{'model':48} {'role':6} {'params B':>9} {'active B':>9} {'weights GB':>10} {'KV B/token':>10}  layers")
+    for m in models:
+        kinds = []
+        if m.num_full_attention_layers:
+            kinds.append(f"{m.num_full_attention_layers} {'MLA' if m.uses_mla else 'full'}")
+        if m.num_sliding_attention_layers:
+            kinds.append(f"{m.num_sliding_attention_layers} SWA-{m.sliding_window}")
+        if m.num_linear_attention_layers:
+            kinds.append(f"{m.num_linear_attention_layers} linear")
+        moe = f", {m.num_experts}x top-{m.experts_per_token}" if m.num_experts else ""
+        print(f"{m.name:48} {m.role:6} {m.params_total / 1e9:9.2f} {m.params_active / 1e9:9.2f} "
+              f"{m.weight_bytes_total / 1e9:10.1f} {m.kv_bytes_per_token:10,.0f}  {' + '.join(kinds)}{moe} ({m.weight_precision})")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from capacity import validate
+
+    report = validate.run(args.measurements or None, workers=args.workers, max_rows=args.max_rows,
+                          progress=not args.quiet)
+    if args.out:
+        validate.write(report, Path(args.out))
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(report.summary_text())
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from capacity import calibrate
+
+    result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
+                           progress=not args.quiet)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(result.summary_text())
+    return 0
+
+
+# ---------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="capacity", description=__doc__.splitlines()[0] if __doc__ else None)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("simulate", help="simulate one scenario (default: the built-in chatbot scenario)")
+    s.add_argument("scenario", nargs="?", help="scenario YAML path or shipped name (default: default)")
+    s.add_argument("--seed", type=int)
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario value, e.g. --set deployment.replicas=4 (repeatable)")
+    s.add_argument("--out", help="write result.json, requests.csv and the resolved scenario here")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_simulate)
+
+    h = sub.add_parser("hardware", help="list GPU profiles")
+    h.add_argument("--json", action="store_true")
+    h.set_defaults(func=cmd_hardware)
+
+    m = sub.add_parser("models", help="list model architectures")
+    m.add_argument("--json", action="store_true")
+    m.set_defaults(func=cmd_models)
+
+    v = sub.add_parser("validate", help="predict measured rows and report the error")
+    v.add_argument("measurements", nargs="*", help="measurement CSV files (default: the shipped calibration rows)")
+    v.add_argument("--measurements", dest="measurements_opt", action="append", default=[], help=argparse.SUPPRESS)
+    v.add_argument("--workers", type=int, default=2)
+    v.add_argument("--max-rows", type=int, default=None, help="validate only the first N modelled rows (quick check)")
+    v.add_argument("--out", help="write rows.csv and summary.json here")
+    v.add_argument("--json", action="store_true")
+    v.add_argument("--quiet", action="store_true")
+    v.set_defaults(func=cmd_validate)
+
+    c = sub.add_parser("calibrate", help="fit a GPU's efficiency parameters to serving measurements")
+    c.add_argument("files", nargs="*", help="measurement CSV files (default: the shipped calibration rows)")
+    c.add_argument("--gpu", required=True)
+    c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it)")
+    c.add_argument("--holdout", type=float, default=0.0, help="fraction of rows kept out of the fit")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--quiet", action="store_true")
+    c.set_defaults(func=cmd_calibrate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "measurements_opt", None):
+        args.measurements = list(args.measurements) + args.measurements_opt
+    try:
+        return int(args.func(args) or 0)
+    except CapacityError as e:
+        print(f"capacity: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("capacity: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

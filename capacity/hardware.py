@@ -1,0 +1,588 @@
+"""GPU hardware profiles: load, validate, override and save the YAML files in `hw_profiles/`.
+
+One YAML file per GPU (schema in `hw_profiles/README.md`). Every leaf is a mapping
+`{value, unit?, basis, source, note?, fitted_on?}` so each number carries its provenance; the
+loader turns a file into a frozen `GpuProfile` of plain numbers plus a `provenance` map from the
+dotted key (``"peak_dense_tflops.fp8"``, ``"efficiency.gemm"``) to the `Sourced` record.
+
+Units: GB = 1e9 bytes, TB/s = 1e12 bytes/s, GB/s = 1e9 bytes/s, TFLOPS = 1e12 FLOP/s, dense
+(no sparsity). Scale-up bandwidth is per GPU and unidirectional.
+
+Problems a user can fix (unknown GPU, malformed YAML, bad override) raise `CapacityError` with a
+one-line message that names the file and the key.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from capacity.errors import CapacityError
+from capacity.paths import hw_profiles_dir
+
+EFFICIENCY_KEYS = ("gemm", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us")
+"""Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
+
+FRACTION_EFFICIENCY_KEYS = ("gemm", "hbm", "attention", "allreduce")
+"""The efficiency keys that are fractions in (0, 1]; the other two are overheads (>= 0)."""
+
+PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
+"""Tensor-core data types a profile may list under `peak_dense_tflops` (bf16 is required)."""
+
+MEASURED_KEYS = (
+    "gemm_bf16_tflops",
+    "gemm_fp8_tflops",
+    "hbm_stream_tb_s",
+    "allreduce_busbw_gb_s",
+    "flash_attention_tflops",
+)
+
+SCALAR_KEYS = (
+    "hbm_capacity_gb",
+    "hbm_bandwidth_tb_s",
+    "scaleup_bandwidth_gb_s",
+    "scaleup_latency_us",
+    "scaleup_world_size",
+    "board_power_w",
+    "cost_per_gpu_hour_usd",
+)
+
+OVERRIDE_BASIS = "override"
+OVERRIDE_SOURCE = "user override (GpuProfile.with_overrides)"
+FITTED_BASIS = "fitted"
+FITTED_SOURCE = "capacity calibrate"
+
+_SCHEMA_HINT = "schema: hw_profiles/README.md"
+
+# The unit each key must carry when a `unit` is given (the unit is optional; the key name says it).
+_EXPECTED_UNIT = {
+    "peak_dense_tflops": "TFLOPS",
+    "hbm_capacity_gb": "GB",
+    "hbm_bandwidth_tb_s": "TB/s",
+    "scaleup_bandwidth_gb_s": "GB/s",
+    "scaleup_latency_us": "us",
+    "scaleup_world_size": "GPUs",
+    "board_power_w": "W",
+    "cost_per_gpu_hour_usd": "USD/GPU-hour",
+    "measured.gemm_bf16_tflops": "TFLOPS",
+    "measured.gemm_fp8_tflops": "TFLOPS",
+    "measured.hbm_stream_tb_s": "TB/s",
+    "measured.allreduce_busbw_gb_s": "GB/s",
+    "measured.flash_attention_tflops": "TFLOPS",
+    "efficiency.gemm": "fraction",
+    "efficiency.hbm": "fraction",
+    "efficiency.attention": "fraction",
+    "efficiency.allreduce": "fraction",
+    "efficiency.step_overhead_ms": "ms",
+    "efficiency.per_seq_overhead_us": "us",
+}
+
+# Weight dtype spellings -> family. See GpuProfile.compute_dtype for the rule.
+_DTYPE_FAMILY = {
+    **dict.fromkeys(("bf16", "bfloat16", "fp16", "float16", "half", "f16"), "16bit"),
+    **dict.fromkeys(
+        ("fp8", "float8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "e4m3", "e5m2", "mxfp8", "w8a8_fp8"),
+        "fp8",
+    ),
+    **dict.fromkeys(("int8", "w8a8", "w8a8_int8"), "int8"),
+    **dict.fromkeys(("fp6", "mxfp6", "fp6_e2m3", "fp6_e3m2"), "fp6"),
+    **dict.fromkeys(("fp4", "mxfp4", "nvfp4", "fp4_e2m1"), "fp4"),
+    **dict.fromkeys(("int4", "uint4", "w4a16", "awq", "gptq", "w8a16"), "weight_only"),
+}
+
+
+@dataclass(frozen=True)
+class Sourced:
+    """One number with where it came from (`basis` e.g. 'vendor spec', 'measured', 'assumed', 'fitted')."""
+
+    value: float
+    basis: str
+    source: str
+    unit: str | None = None
+    note: str | None = None
+    fitted_on: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "unit": self.unit,
+            "basis": self.basis,
+            "source": self.source,
+            "note": self.note,
+            "fitted_on": self.fitted_on,
+        }
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    """A GPU's specifications, measured figures and step-cost efficiencies, with provenance.
+
+    Build one with `load_gpu`; change one with `with_overrides` (the dict fields are plain dicts
+    for convenience: treat them as read-only).
+    """
+
+    name: str
+    vendor: str
+    architecture: str
+    peak_dense_tflops: dict[str, float]
+    hbm_capacity_gb: float
+    hbm_bandwidth_tb_s: float
+    scaleup_bandwidth_gb_s: float
+    scaleup_latency_us: float
+    scaleup_world_size: int
+    board_power_w: float
+    cost_per_gpu_hour_usd: float
+    measured: dict[str, float]
+    efficiency: dict[str, float]
+    provenance: dict[str, Sourced]
+    path: str
+
+    def compute_dtype(self, weight_dtype: str) -> str:
+        """The tensor-core dtype (a key of `peak_dense_tflops`) that a GEMM on weights of `weight_dtype` runs in.
+
+        Rule: a quantized format runs natively when the GPU has tensor cores for it; otherwise the
+        weights are dequantized in the kernel and the GEMM runs in bf16 (weight-only quantization).
+          * bf16 / fp16 -> "bf16" (fp16 runs at the bf16 rate on every profiled GPU);
+          * fp8 / mxfp8 (any e4m3/e5m2 spelling) -> "fp8" if the GPU has fp8, else "bf16";
+          * int8 W8A8 -> "fp8" if the GPU has fp8, else "bf16" (int8 TOPS equal fp8 TFLOPS on
+            every profiled GPU, hw_specs.csv peak_dense_int8 rows);
+          * fp6 / mxfp6 -> "fp6" if the GPU has fp6 (MI355X, B200), else "bf16";
+          * fp4 / mxfp4 / nvfp4 -> "fp4" if the GPU has fp4 (MI355X, B200), else "bf16"
+            (so mxfp4 on MI300X is a weight-only bf16 GEMM, not fp8);
+          * int4 / AWQ / GPTQ / w4a16 / w8a16 -> "bf16" (weight-only quantization).
+        Unknown spellings raise CapacityError.
+        """
+        key = _normalise_dtype(weight_dtype)
+        family = _DTYPE_FAMILY.get(key)
+        if family is None:
+            known = ", ".join(sorted(_DTYPE_FAMILY))
+            raise CapacityError(f"unknown weight dtype '{weight_dtype}'; use one of: {known}")
+        if family == "16bit" or family == "weight_only":
+            return "bf16"
+        native = "fp8" if family == "int8" else family
+        return native if native in self.peak_dense_tflops else "bf16"
+
+    def peak_tflops(self, dtype: str) -> float:
+        """Dense peak TFLOPS of the tensor-core dtype a GEMM on `dtype` weights runs in (see compute_dtype)."""
+        return self.peak_dense_tflops[self.compute_dtype(dtype)]
+
+    def with_overrides(self, **changes: Any) -> GpuProfile:
+        """A copy with some values replaced, e.g. ``with_overrides(efficiency={"gemm": 0.6}, cost_per_gpu_hour_usd=2.0)``.
+
+        Scalar keys take a number; `peak_dense_tflops`, `measured` and `efficiency` take a mapping
+        of the entries to replace (the others are kept). Overridden values get basis 'override'.
+        Unknown keys or out-of-range values raise CapacityError.
+        """
+        provenance = dict(self.provenance)
+        allowed = SCALAR_KEYS + ("peak_dense_tflops", "measured", "efficiency")
+        for key, new in changes.items():
+            if key not in allowed:
+                raise CapacityError(
+                    f"cannot override '{key}' of GPU {self.name}; overridable keys: {', '.join(allowed)}"
+                )
+            if key in SCALAR_KEYS:
+                provenance[key] = _override_record(self.provenance.get(key), key, new, self.name)
+                continue
+            if not isinstance(new, Mapping):
+                raise CapacityError(
+                    f"override '{key}' of GPU {self.name} must be a mapping such as {{'{_first_subkey(key)}': 0.5}}, "
+                    f"got {new!r}"
+                )
+            valid = {"peak_dense_tflops": PEAK_DTYPES, "measured": MEASURED_KEYS, "efficiency": EFFICIENCY_KEYS}[key]
+            for sub, sub_value in new.items():
+                if sub not in valid:
+                    raise CapacityError(
+                        f"cannot override '{key}.{sub}' of GPU {self.name}; valid entries: {', '.join(valid)}"
+                    )
+                dotted = f"{key}.{sub}"
+                provenance[dotted] = _override_record(self.provenance.get(dotted), dotted, sub_value, self.name)
+        _check_values(provenance, where=f"override of GPU {self.name}")
+        return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable view (values and provenance), e.g. for `capacity hardware --json`."""
+        return {
+            "name": self.name,
+            "vendor": self.vendor,
+            "architecture": self.architecture,
+            "peak_dense_tflops": dict(self.peak_dense_tflops),
+            "hbm_capacity_gb": self.hbm_capacity_gb,
+            "hbm_bandwidth_tb_s": self.hbm_bandwidth_tb_s,
+            "scaleup_bandwidth_gb_s": self.scaleup_bandwidth_gb_s,
+            "scaleup_latency_us": self.scaleup_latency_us,
+            "scaleup_world_size": self.scaleup_world_size,
+            "board_power_w": self.board_power_w,
+            "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
+            "measured": dict(self.measured),
+            "efficiency": dict(self.efficiency),
+            "provenance": {key: record.as_dict() for key, record in self.provenance.items()},
+            "path": self.path,
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# Public functions
+
+
+def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
+    """Load a shipped profile by case-insensitive name ("mi300x", "H100 SXM") or any profile YAML by path."""
+    text = os.fspath(name_or_path).strip()
+    if _looks_like_path(text):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise CapacityError(
+                f"hardware profile file '{text}' not found; pass the path of an existing YAML "
+                f"or a known GPU name ({', '.join(_known_profiles())})"
+            )
+        return _load_file(path)
+    known = _known_profiles()
+    wanted = _normalise_name(text)
+    for name, path in known.items():
+        if _normalise_name(name) == wanted:
+            return _load_file(path)
+    raise CapacityError(
+        f"unknown GPU '{text}'; known GPUs: {', '.join(known)}; or pass the path of a profile YAML"
+    )
+
+
+def list_gpus() -> list[GpuProfile]:
+    """Every shipped profile, sorted by name."""
+    return sorted((_load_file(path) for path in _known_profiles().values()), key=lambda p: p.name)
+
+
+def save_profile(
+    profile: GpuProfile,
+    path: str | os.PathLike[str],
+    fitted: Mapping[str, float],
+    fitted_on: str,
+) -> None:
+    """Write `profile` as a YAML in the profile schema, with the efficiency entries in `fitted` replaced.
+
+    Replaced entries get basis 'fitted', source 'capacity calibrate', `fitted_on` = the given text
+    (what they were fitted on) and a note with the previous value; every other value, source and
+    note is kept. The written file loads with `load_gpu(path)`.
+    """
+    if not isinstance(fitted_on, str) or not fitted_on.strip():
+        raise CapacityError("save_profile needs fitted_on: a non-empty text saying what the values were fitted on")
+    provenance = dict(profile.provenance)
+    for key, value in fitted.items():
+        if key not in EFFICIENCY_KEYS:
+            raise CapacityError(f"cannot save fitted value '{key}'; fitted keys must be among: {', '.join(EFFICIENCY_KEYS)}")
+        dotted = f"efficiency.{key}"
+        old = profile.provenance[dotted]
+        provenance[dotted] = Sourced(
+            value=_as_number(value, dotted, where=f"fitted values for GPU {profile.name}"),
+            basis=FITTED_BASIS,
+            source=FITTED_SOURCE,
+            unit=old.unit,
+            note=f"previous value {old.value:g} ({old.basis})",
+            fitted_on=fitted_on.strip(),
+        )
+    _check_values(provenance, where=f"fitted values for GPU {profile.name}")
+    document = _yaml_document(profile.name, profile.vendor, profile.architecture, provenance)
+    header = (
+        f"# GPU profile {profile.name} written by capacity.hardware.save_profile.\n"
+        f"# Efficiency entries with basis 'fitted' were fitted on: {' '.join(fitted_on.split())}\n"
+        f"# Every other value and source is copied from {profile.path}. Schema: hw_profiles/README.md\n"
+    )
+    out = Path(path).expanduser()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(header + yaml.safe_dump(document, sort_keys=False, allow_unicode=True, width=120))
+    except OSError as exc:
+        raise CapacityError(f"cannot write hardware profile '{out}': {exc.strerror or exc}; choose a writable path") from exc
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML schema (pydantic): structure and types. Ranges, units and allowed sub-keys are checked by
+# _check_values so that the same checks apply to files, overrides and fitted values.
+
+
+def _coerce_text(value: Any) -> Any:
+    """YAML turns unquoted dates and numbers into non-strings; accept them as text."""
+    if isinstance(value, (_dt.date, _dt.datetime)) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return str(value)
+    return value
+
+
+class _LeafModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    value: float = Field(allow_inf_nan=False)
+    unit: str | None = None
+    basis: str = Field(min_length=1)
+    source: str = ""
+    note: str | None = None
+    fitted_on: str | None = None
+
+    @field_validator("unit", "basis", "source", "note", "fitted_on", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> Any:
+        return _coerce_text(value)
+
+
+class _EfficiencyModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gemm: _LeafModel
+    hbm: _LeafModel
+    attention: _LeafModel
+    allreduce: _LeafModel
+    step_overhead_ms: _LeafModel
+    per_seq_overhead_us: _LeafModel
+
+
+class _ProfileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, strict=True)
+    vendor: str = Field(min_length=1, strict=True)
+    architecture: str = Field(min_length=1, strict=True)
+    peak_dense_tflops: dict[str, _LeafModel]
+    hbm_capacity_gb: _LeafModel
+    hbm_bandwidth_tb_s: _LeafModel
+    scaleup_bandwidth_gb_s: _LeafModel
+    scaleup_latency_us: _LeafModel
+    scaleup_world_size: _LeafModel
+    board_power_w: _LeafModel
+    cost_per_gpu_hour_usd: _LeafModel
+    measured: dict[str, _LeafModel] = Field(default_factory=dict)
+    efficiency: _EfficiencyModel
+
+    @field_validator("measured", mode="before")
+    @classmethod
+    def _empty_measured(cls, value: Any) -> Any:
+        return {} if value is None else value  # `measured:` with nothing under it
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _load_file(path: Path) -> GpuProfile:
+    where = f"hw profile {path}"
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise CapacityError(f"{where}: not valid YAML{at} ({problem}); fix the syntax ({_SCHEMA_HINT})") from exc
+    except OSError as exc:
+        raise CapacityError(f"{where}: cannot read the file ({exc.strerror or exc}); check the path") from exc
+    if not isinstance(raw, dict):
+        raise CapacityError(f"{where}: expected a mapping of keys at the top level, got {type(raw).__name__}; {_SCHEMA_HINT}")
+    try:
+        model = _ProfileModel.model_validate(raw)
+    except ValidationError as exc:
+        raise CapacityError(f"{where}: {_describe_validation_error(exc)}; fix the file ({_SCHEMA_HINT})") from None
+
+    provenance: dict[str, Sourced] = {}
+
+    def add(dotted: str, leaf: _LeafModel) -> None:
+        provenance[dotted] = Sourced(
+            value=float(leaf.value),
+            basis=leaf.basis.strip(),
+            source=leaf.source.strip(),
+            unit=leaf.unit,
+            note=leaf.note,
+            fitted_on=leaf.fitted_on,
+        )
+
+    for dtype, leaf in model.peak_dense_tflops.items():
+        add(f"peak_dense_tflops.{dtype}", leaf)
+    for key in SCALAR_KEYS:
+        add(key, getattr(model, key))
+    for key, leaf in model.measured.items():
+        add(f"measured.{key}", leaf)
+    for key in EFFICIENCY_KEYS:
+        add(f"efficiency.{key}", getattr(model.efficiency, key))
+    _check_values(provenance, where=where, check_units=True)
+    return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()))
+
+
+def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bool = False) -> None:
+    """Raise CapacityError naming `where` and the dotted key for the first value out of its range."""
+
+    def fail(key: str, problem: str) -> None:
+        raise CapacityError(f"{where}: '{key}' {problem}; fix the value ({_SCHEMA_HINT})")
+
+    if "peak_dense_tflops.bf16" not in provenance:
+        fail("peak_dense_tflops.bf16", "is missing (every GPU needs a bf16 peak)")
+    for key, record in provenance.items():
+        group, _, sub = key.partition(".")
+        if not record.source.strip() and record.basis.strip().lower() != "assumed":
+            fail(key, "has an empty 'source' (give a URL or document, or set basis: assumed)")
+        value = record.value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            fail(key, f"must be a finite number, got {value!r}")
+        if group == "peak_dense_tflops" and sub not in PEAK_DTYPES:
+            fail(key, f"is not a known tensor-core dtype (use {', '.join(PEAK_DTYPES)})")
+        if group == "measured" and sub not in MEASURED_KEYS:
+            fail(key, f"is not a known measurement (use {', '.join(MEASURED_KEYS)})")
+        if group == "efficiency" and sub not in EFFICIENCY_KEYS:
+            fail(key, f"is not an efficiency parameter (use {', '.join(EFFICIENCY_KEYS)})")
+        if group == "efficiency" and sub in FRACTION_EFFICIENCY_KEYS:
+            if not 0.0 < value <= 1.0:
+                fail(key, f"must be a fraction in (0, 1], got {value:g}")
+        elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "scaleup_latency_us",
+                     "cost_per_gpu_hour_usd"):
+            if value < 0:
+                fail(key, f"must be >= 0, got {value:g}")
+        elif key == "scaleup_world_size":
+            if value < 1 or not float(value).is_integer():
+                fail(key, f"must be a whole number of GPUs >= 1, got {value:g}")
+        elif value <= 0:
+            fail(key, f"must be > 0, got {value:g}")
+        if check_units and record.unit is not None:
+            expected = _EXPECTED_UNIT.get(key, _EXPECTED_UNIT.get(group))
+            if expected is not None and _normalise_unit(record.unit) != _normalise_unit(expected):
+                fail(key, f"has unit '{record.unit}' but the key is in {expected}")
+
+
+def _profile_from_provenance(
+    name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str
+) -> GpuProfile:
+    def values(prefix: str, order: tuple[str, ...]) -> dict[str, float]:
+        return {k: float(provenance[f"{prefix}.{k}"].value) for k in order if f"{prefix}.{k}" in provenance}
+
+    ordered = _ordered_keys(provenance)
+    return GpuProfile(
+        name=name,
+        vendor=vendor,
+        architecture=architecture,
+        peak_dense_tflops=values("peak_dense_tflops", PEAK_DTYPES),
+        hbm_capacity_gb=float(provenance["hbm_capacity_gb"].value),
+        hbm_bandwidth_tb_s=float(provenance["hbm_bandwidth_tb_s"].value),
+        scaleup_bandwidth_gb_s=float(provenance["scaleup_bandwidth_gb_s"].value),
+        scaleup_latency_us=float(provenance["scaleup_latency_us"].value),
+        scaleup_world_size=int(provenance["scaleup_world_size"].value),
+        board_power_w=float(provenance["board_power_w"].value),
+        cost_per_gpu_hour_usd=float(provenance["cost_per_gpu_hour_usd"].value),
+        measured=values("measured", MEASURED_KEYS),
+        efficiency=values("efficiency", EFFICIENCY_KEYS),
+        provenance={key: provenance[key] for key in ordered},
+        path=path,
+    )
+
+
+def _ordered_keys(provenance: Mapping[str, Sourced]) -> list[str]:
+    """Dotted keys in schema order (the order of the YAML files)."""
+    order = (
+        [f"peak_dense_tflops.{d}" for d in PEAK_DTYPES]
+        + list(SCALAR_KEYS)
+        + [f"measured.{m}" for m in MEASURED_KEYS]
+        + [f"efficiency.{e}" for e in EFFICIENCY_KEYS]
+    )
+    return [key for key in order if key in provenance]
+
+
+def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced]) -> dict[str, Any]:
+    def leaf(key: str) -> dict[str, Any]:
+        record = provenance[key]
+        value: float | int = record.value
+        if key == "scaleup_world_size" or float(value).is_integer():
+            value = int(value)
+        out: dict[str, Any] = {"value": value}
+        if record.unit is not None:
+            out["unit"] = record.unit
+        out["basis"] = record.basis
+        out["source"] = record.source
+        if record.note is not None:
+            out["note"] = record.note
+        if key.startswith("efficiency."):
+            out["fitted_on"] = record.fitted_on
+        return out
+
+    keys = _ordered_keys(provenance)
+    document: dict[str, Any] = {"name": name, "vendor": vendor, "architecture": architecture}
+    document["peak_dense_tflops"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("peak_dense_tflops.")}
+    for key in SCALAR_KEYS:
+        document[key] = leaf(key)
+    document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
+    document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")}
+    return document
+
+
+def _override_record(old: Sourced | None, key: str, new: Any, gpu: str) -> Sourced:
+    return Sourced(
+        value=_as_number(new, key, where=f"override of GPU {gpu}"),
+        basis=OVERRIDE_BASIS,
+        source=OVERRIDE_SOURCE,
+        unit=old.unit if old is not None else None,
+        note=f"replaces {old.value:g} ({old.basis})" if old is not None else None,
+    )
+
+
+def _as_number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise CapacityError(f"{where}: '{key}' must be a finite number, got {value!r}; pass a number")
+    return float(value)
+
+
+def _first_subkey(group: str) -> str:
+    return {"peak_dense_tflops": "bf16", "measured": "gemm_bf16_tflops", "efficiency": "gemm"}[group]
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    loc = ".".join(str(part) for part in first["loc"] if part != "[key]")
+    kind = first["type"]
+    given = first.get("input")
+    if kind == "missing":
+        text = f"missing key '{loc}'"
+    elif kind == "extra_forbidden":
+        text = f"unknown key '{loc}'"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        text = f"'{loc}' must be a mapping {{value, unit, basis, source}}, got {_short(given)}"
+    elif kind.startswith("float") or kind.startswith("finite"):
+        text = f"'{loc}' must be a finite number, got {_short(given)}"
+    elif kind.startswith("string"):
+        text = f"'{loc}' must be non-empty text, got {_short(given)}"
+    else:
+        text = f"'{loc}': {first['msg']}"
+    if len(errors) > 1:
+        text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return text
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value).replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _known_profiles() -> dict[str, Path]:
+    """Shipped profile names (file stems) -> path, sorted by name."""
+    directory = hw_profiles_dir()
+    files = [p for p in directory.glob("*.yaml") if p.is_file()] + [p for p in directory.glob("*.yml") if p.is_file()]
+    return {p.stem: p for p in sorted(files, key=lambda p: p.stem.upper())}
+
+
+def _looks_like_path(text: str) -> bool:
+    return text.lower().endswith((".yaml", ".yml")) or "/" in text or os.sep in text
+
+
+def _normalise_name(text: str) -> str:
+    key = "".join(ch for ch in text.lower() if ch.isalnum())
+    for suffix in ("sxm5", "sxm", "oam"):
+        if key.endswith(suffix) and len(key) > len(suffix):
+            key = key[: -len(suffix)]
+            break
+    return key
+
+
+def _normalise_dtype(text: str) -> str:
+    return str(text).strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def _normalise_unit(unit: str) -> str:
+    text = unit.strip().lower().replace("µ", "u").replace("μ", "u").replace(" ", "")
+    return {"tflop/s": "tflops", "usd/gpu/hour": "usd/gpu-hour", "$/gpu-hour": "usd/gpu-hour", "gpu": "gpus"}.get(text, text)

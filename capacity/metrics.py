@@ -1,0 +1,556 @@
+"""Serving metrics with `vllm bench serve` definitions, SLOs, goodput and stability detection.
+
+Definitions follow vLLM's benchmark client, `vllm/benchmarks/serve.py` (`calculate_metrics`,
+`BenchmarkMetrics`, `benchmark`, `parse_goodput`) and the streaming request functions in
+`vllm/benchmarks/lib/endpoint_request_func.py` (repository vllm-project/vllm):
+
+* TTFT = time of the first streamed chunk - time the request was sent.
+* E2E latency ("e2el") = time of the last streamed chunk - time the request was sent.
+* TPOT = (E2E - TTFT) / (output_len - 1), per request, only for requests with output_len > 1;
+  the aggregate statistics are over those requests only.  For goodput a request with
+  output_len <= 1 counts as TPOT = 0 (vLLM keeps a separate `all_tpots` list for that).
+  TPOT is per *token*, so with speculative decoding it uses the token count, not the chunk count.
+* ITL = every gap between consecutive streamed chunks, pooled over all requests.  A chunk carries
+  several tokens under speculative decoding, so ITL (per chunk) != TPOT (per token).
+* duration = wall time of the benchmark: vLLM starts the clock just before dispatching the first
+  request and stops it when the last response has finished (`benchmark_duration`).  Here it is
+  `RunInfo.end_s - RunInfo.start_s` (first arrival to last completion, or to the run horizon).
+  vLLM's clock also includes the first sampled inter-arrival gap; that is one gap in N and is
+  not modelled.
+* request throughput = completed / duration; output throughput = sum of output tokens of
+  completed requests / duration; total token throughput = (input + output tokens of completed
+  requests) / duration.  Only completed ("successful") requests enter any statistic.
+* goodput = completed requests meeting *every* SLO threshold, per request, / duration.  vLLM's
+  test is `slo >= value` (inclusive), so a value equal to the threshold meets it.
+* percentiles use `np.percentile` with numpy's default (linear) method; p50 equals vLLM's median.
+
+Deviations from vLLM, on purpose: an empty metric reports None (vLLM reports 0 via
+`np.mean(x or 0)`, which reads as a perfect latency); the SLO language is richer than vLLM's
+`--goodput ttft:MS tpot:MS e2el:MS` (it names a statistic, units and a tok/s-per-user bound);
+`queue_delay` (first scheduled - arrival) is the server-side queue time, which the client
+cannot see.
+
+The metric definitions are summarised in the project's modelling notes, section 4.1.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from capacity.errors import CapacityError
+
+__all__ = [
+    "RunInfo",
+    "Slo",
+    "parse_slos",
+    "per_request_frame",
+    "summarize",
+    "assess_stability",
+    "mean_in_system",
+    "in_system_at",
+    "SLO_EXAMPLE",
+]
+
+SLO_EXAMPLE = "ttft:p99<1s;tpot:p90<40ms;e2e:p50<20s;tok_s_per_user:p10>20"
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+RATE_METRICS = ("tok_s_per_user",)
+_METRIC_ALIASES = {"e2el": "e2e"}
+_TIME_UNITS_MS = {"s": 1000.0, "ms": 1.0, "us": 1e-3}
+# Metrics that have a per-request value, so they take part in goodput (vLLM allows ttft, tpot,
+# e2el; tok_s_per_user is 1000/TPOT per request).  ITL is a pooled per-chunk quantity with no
+# per-request value in vLLM, so an ITL SLO is checked in aggregate only.
+_PER_REQUEST_METRICS = ("ttft", "tpot", "e2e", "tok_s_per_user")
+
+_REQUIRED_COLUMNS = (
+    "arrival_s",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "prompt_tokens",
+    "output_tokens",
+    "num_preemptions",
+)
+
+# Stability thresholds (assumptions, see `assess_stability`).
+MIN_GROWTH_REQUESTS = 5.0
+GROWTH_FRACTION_OF_MEAN = 0.25
+MIN_THROUGHPUT_FRACTION = 0.95
+MAX_UNFINISHED_FRACTION = 0.01
+_GROWTH_GRID_POINTS = 1024
+
+
+@dataclass(frozen=True, eq=False)
+class RunInfo:
+    """What the simulator knows about a run besides the per-request records.
+
+    start_s: first arrival; end_s: last completion, or the run horizon if requests were cut off.
+    offered_rate_rps: the open-loop arrival rate (all replicas), None for a closed loop.
+    arrival_window_end_s: time of the last arrival (open loop); None falls back to the last
+    arrival in the requests frame.
+    t_s, waiting, running, kv_used_fraction: engine samples (waiting/running request counts and
+    the used fraction 0..1 of the KV cache) at times t_s; may be empty.
+    """
+
+    start_s: float
+    end_s: float
+    num_gpus: int
+    offered_rate_rps: float | None = None
+    arrival_window_end_s: float | None = None
+    t_s: np.ndarray = field(default_factory=lambda: np.empty(0))
+    waiting: np.ndarray = field(default_factory=lambda: np.empty(0))
+    running: np.ndarray = field(default_factory=lambda: np.empty(0))
+    kv_used_fraction: np.ndarray = field(default_factory=lambda: np.empty(0))
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.start_s) and math.isfinite(self.end_s)):
+            raise CapacityError(f"run start_s={self.start_s} and end_s={self.end_s} must be finite numbers")
+        if self.end_s <= self.start_s:
+            raise CapacityError(
+                f"run end_s={self.end_s} is not after start_s={self.start_s}; the run must last a positive time"
+            )
+        if int(self.num_gpus) < 1:
+            raise CapacityError(f"run num_gpus={self.num_gpus} must be at least 1")
+        if self.offered_rate_rps is not None and not self.offered_rate_rps > 0:
+            raise CapacityError(
+                f"offered_rate_rps={self.offered_rate_rps} must be positive, or None for a closed loop"
+            )
+        lengths = {len(np.asarray(a)) for a in (self.t_s, self.waiting, self.running, self.kv_used_fraction)}
+        if len(lengths) != 1:
+            raise CapacityError(
+                "run time series t_s, waiting, running, kv_used_fraction must have the same length"
+            )
+
+
+@dataclass(frozen=True)
+class Slo:
+    """One service-level objective.
+
+    metric: "ttft" | "tpot" | "itl" | "e2e" | "tok_s_per_user"
+    stat: "mean" | "min" | "max" | "pNN" (e.g. "p50", "p99", "p99.9")
+    op: "<" (upper bound, latencies) or ">" (lower bound, tok_s_per_user); both inclusive as in
+        vLLM's goodput test.
+    threshold: milliseconds for latencies, tokens/s for tok_s_per_user.
+    text: the SLO as the user wrote it (for reports).
+    """
+
+    metric: str
+    stat: str
+    op: str
+    threshold: float
+    text: str = field(default="", compare=False)
+
+    def __str__(self) -> str:
+        if self.text:
+            return self.text
+        unit = "" if self.metric in RATE_METRICS else "ms"
+        return f"{self.metric}:{self.stat}{self.op}{self.threshold:g}{unit}"
+
+    def holds(self, value: float) -> bool:
+        """Whether a value meets the objective (inclusive, like vLLM's `slo >= value`)."""
+        return bool(value <= self.threshold) if self.op == "<" else bool(value >= self.threshold)
+
+
+_SLO_RE = re.compile(
+    r"^(?P<metric>[a-z_0-9]+)\s*:\s*(?P<stat>[a-z][a-z0-9.]*)\s*(?P<op>[<>]=?)\s*"
+    r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(?P<unit>[a-z/]*)$"
+)
+
+
+def _parse_stat(stat: str) -> str | None:
+    if stat in ("mean", "min", "max"):
+        return stat
+    if stat == "median":
+        return "p50"
+    if stat.startswith("p"):
+        try:
+            q = float(stat[1:])
+        except ValueError:
+            return None
+        if 0.0 <= q <= 100.0:
+            return stat
+    return None
+
+
+def parse_slos(text: str) -> list[Slo]:
+    """Parse SLOs such as "ttft:p99<1s;tpot:p90<40ms;e2e:p50<20s;tok_s_per_user:p10>20".
+
+    Items are separated by ';' or ','.  Each is METRIC:STAT<VALUE[UNIT] for latencies (ttft,
+    tpot, itl, e2e; alias e2el) with UNIT s, ms or us (a bare number is ms, as in vLLM's
+    --goodput), or tok_s_per_user:STAT>VALUE in tokens/s.  STAT is mean, min, max, median or pNN.
+    '<=' and '>=' are accepted and mean the same as '<' and '>' (all bounds are inclusive).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise CapacityError(f"no SLOs given; write them like '{SLO_EXAMPLE}'")
+    slos: list[Slo] = []
+    for raw in re.split(r"[;,\n]", text):
+        part = raw.strip()
+        if not part:
+            continue
+        slos.append(_parse_one_slo(part))
+    if not slos:
+        raise CapacityError(f"no SLOs given; write them like '{SLO_EXAMPLE}'")
+    return slos
+
+
+def _parse_one_slo(part: str) -> Slo:
+    def bad(why: str) -> CapacityError:
+        return CapacityError(f"bad SLO '{part}': {why}; write SLOs like '{SLO_EXAMPLE}'")
+
+    m = _SLO_RE.match(part.lower())
+    if m is None:
+        raise bad("expected METRIC:STAT<VALUE[UNIT], e.g. ttft:p99<1s")
+    metric = _METRIC_ALIASES.get(m["metric"], m["metric"])
+    if metric not in LATENCY_METRICS + RATE_METRICS:
+        raise bad(f"unknown metric '{m['metric']}' (use ttft, tpot, itl, e2e or tok_s_per_user)")
+    stat = _parse_stat(m["stat"])
+    if stat is None:
+        raise bad(f"unknown statistic '{m['stat']}' (use mean, min, max, median or pNN with NN in 0..100)")
+    op = m["op"][0]
+    value = float(m["num"])
+    unit = m["unit"]
+    if metric in LATENCY_METRICS:
+        if op != "<":
+            raise bad(f"{metric} is a latency, so its SLO is an upper bound: use '<'")
+        if unit == "":
+            unit = "ms"
+        if unit not in _TIME_UNITS_MS:
+            raise bad(f"unknown time unit '{unit}' (use s, ms or us)")
+        threshold = value * _TIME_UNITS_MS[unit]
+    else:
+        if op != ">":
+            raise bad(f"{metric} is a rate, so its SLO is a lower bound: use '>'")
+        if unit not in ("", "tok/s"):
+            raise bad(f"{metric} takes a plain number in tokens/s, not '{unit}'")
+        threshold = value
+    if not (threshold > 0 and math.isfinite(threshold)):
+        raise bad("the threshold must be a positive number")
+    return Slo(metric=metric, stat=stat, op=op, threshold=threshold, text=part)
+
+
+def _check_requests(requests: pd.DataFrame) -> None:
+    missing = [c for c in _REQUIRED_COLUMNS if c not in requests.columns]
+    if missing:
+        raise CapacityError(f"requests frame lacks columns {missing}; the simulator must record them")
+    if len(requests) == 0:
+        raise CapacityError("the run produced no requests; raise the horizon or the request rate")
+    arrival = requests["arrival_s"].to_numpy(float)
+    if np.isnan(arrival).all():
+        raise CapacityError("no request was sent (all arrival_s are NaN); raise the horizon or the request rate")
+    finish = requests["finish_s"].to_numpy(float)
+    first = requests["first_token_s"].to_numpy(float)
+    done = ~np.isnan(finish)
+    out_of_order = done & (np.isnan(first) | (first < arrival) | (finish < first))
+    if out_of_order.any():
+        i = int(np.flatnonzero(out_of_order)[0])
+        rid = requests["request_id"].iloc[i] if "request_id" in requests.columns else i
+        raise CapacityError(
+            f"request {rid} has timestamps out of order (need arrival <= first token <= finish); "
+            "this is a simulator bug"
+        )
+
+
+def _sent(requests: pd.DataFrame) -> pd.DataFrame:
+    """Requests that were sent (arrival_s known); a closed loop cut at its horizon leaves the
+    rest unsent, and like vLLM's client we do not count requests that were never issued."""
+    arrival = requests["arrival_s"].to_numpy(float)
+    return requests if not np.isnan(arrival).any() else requests[~np.isnan(arrival)]
+
+
+def per_request_frame(requests: pd.DataFrame) -> pd.DataFrame:
+    """Copy of `requests` with per-request metrics added (NaN where a metric is undefined).
+
+    ttft_ms = first_token - arrival; e2e_ms = finish - arrival;
+    tpot_ms = (e2e - ttft) / (output_tokens - 1), only for finished requests with more than one
+    output token (vLLM `calculate_metrics`); queue_delay_ms = first_scheduled - arrival;
+    tok_s_per_user = 1000 / tpot_ms; completed = finish_s is known.
+    """
+    _check_requests(requests)
+    df = requests.copy()
+    arrival = df["arrival_s"].to_numpy(float)
+    first = df["first_token_s"].to_numpy(float)
+    finish = df["finish_s"].to_numpy(float)
+    out = df["output_tokens"].to_numpy(float)
+    completed = ~np.isnan(finish)
+    ttft_ms = (first - arrival) * 1000.0
+    e2e_ms = (finish - arrival) * 1000.0
+    has_tpot = completed & (out > 1)
+    tpot_ms = np.full(len(df), np.nan)
+    tpot_ms[has_tpot] = (e2e_ms[has_tpot] - ttft_ms[has_tpot]) / (out[has_tpot] - 1.0)
+    with np.errstate(divide="ignore"):
+        tok_s = np.where(has_tpot, 1000.0 / np.where(has_tpot, tpot_ms, 1.0), np.nan)
+    df["completed"] = completed
+    df["ttft_ms"] = ttft_ms
+    df["tpot_ms"] = tpot_ms
+    df["e2e_ms"] = e2e_ms
+    df["queue_delay_ms"] = (df["first_scheduled_s"].to_numpy(float) - arrival) * 1000.0
+    df["tok_s_per_user"] = tok_s
+    return df
+
+
+def _stat(values: np.ndarray, stat: str) -> float | None:
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return None
+    if stat == "mean":
+        return float(np.mean(values))
+    if stat == "min":
+        return float(np.min(values))
+    if stat == "max":
+        return float(np.max(values))
+    return float(np.percentile(values, float(stat[1:])))
+
+
+def _stats(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float | None]:
+    return {s: _stat(values, s) for s in stats}
+
+
+def _series_stats(t_s: np.ndarray, x: np.ndarray) -> dict[str, float | None]:
+    """Time-weighted mean (each sample holds until the next) and max of a sampled series.
+
+    If t_s is not sorted (e.g. per-replica series concatenated) the mean is the plain sample
+    mean, i.e. a per-replica average rather than a cluster total."""
+    t = np.asarray(t_s, dtype=float)
+    v = np.asarray(x, dtype=float)
+    if v.size == 0:
+        return {"mean": None, "max": None}
+    span = t[-1] - t[0] if t.size else 0.0
+    if v.size == 1 or span <= 0 or np.any(np.diff(t) < 0):
+        # one sample, or several series merged without sorting: plain sample mean
+        mean = float(np.mean(v))
+    else:
+        mean = float(np.sum(v[:-1] * np.diff(t)) / span)
+    return {"mean": mean, "max": float(np.max(v))}
+
+
+def in_system_at(requests: pd.DataFrame, t_s: np.ndarray) -> np.ndarray:
+    """Number of requests in the system (arrived, not finished) at each time in t_s.
+
+    A request is in the system on [arrival_s, finish_s); an unfinished request (NaN finish) stays
+    in the system.  Vectorised with searchsorted on the sorted arrival and finish times.
+    """
+    t = np.asarray(t_s, dtype=float)
+    requests = _sent(requests)
+    arrivals = np.sort(requests["arrival_s"].to_numpy(float))
+    finishes = requests["finish_s"].to_numpy(float)
+    finishes = np.sort(finishes[~np.isnan(finishes)])
+    arrived = np.searchsorted(arrivals, t, side="right")
+    left = np.searchsorted(finishes, t, side="right")
+    return (arrived - left).astype(float)
+
+
+def mean_in_system(requests: pd.DataFrame, t0: float, t1: float) -> float:
+    """Time-average number of requests in the system over [t0, t1] (exact, not sampled).
+
+    Integral of the in-system count = sum over requests of the overlap of [arrival, finish) with
+    [t0, t1]; unfinished requests count as in the system until t1.  For Little's law
+    (L = lambda * W) checks.
+    """
+    if not t1 > t0:
+        raise CapacityError(f"mean_in_system needs t1 > t0, got t0={t0}, t1={t1}")
+    requests = _sent(requests)
+    arrival = requests["arrival_s"].to_numpy(float)
+    finish = requests["finish_s"].to_numpy(float)
+    finish = np.where(np.isnan(finish), np.inf, finish)
+    overlap = np.minimum(finish, t1) - np.maximum(arrival, t0)
+    return float(np.sum(np.clip(overlap, 0.0, None)) / (t1 - t0))
+
+
+def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
+    """Decide whether the run reached a steady state or its queue grows without bound.
+
+    Open loop (run.offered_rate_rps set): over the second half H of [start_s,
+    arrival_window_end_s] fit a least-squares line to the in-system count sampled on a uniform
+    grid; growth = slope * |H|.  Unstable when growth > max(5, 25 % of the mean in-system count
+    over H) AND the completion rate over the arrival window (requests finished inside it / its
+    length) is below 95 % of offered_rate_rps.  Any run (open or closed loop) is also unstable
+    when more than 1 % of requests had not finished by end_s.  A closed loop is otherwise
+    stable: its in-system count is bounded by the concurrency.
+
+    Thresholds (ASSUMPTIONS, to be calibrated):
+    * second half only: the first half holds the fill-up transient from an empty system;
+    * growth floor 5 requests: a stable queue fluctuates by a few requests (M/M/1 at rho=0.7
+      has mean 2.3 in system), so a fitted rise below 5 is noise;
+    * 25 % of the mean: a stable system's in-system count fluctuates around its mean, a
+      fitted rise by a quarter of it across half a window is a trend, not noise;
+    * 95 % throughput: requests still in flight when arrivals stop make the completion rate
+      lag the offered rate by L/window (a few % for short runs); a server that truly keeps up
+      is within 5 %, an overloaded one falls short by (lambda - mu)/lambda.  Requiring both
+      criteria keeps a short transient (growth that the server still absorbs) from being
+      called unstable;
+    * 1 % unfinished: a drained stable run leaves none; a horizon cut leaves about L of N.
+    """
+    _check_requests(requests)
+    requests = _sent(requests)
+    n = len(requests)
+    finish = requests["finish_s"].to_numpy(float)
+    unfinished = int(np.sum(np.isnan(finish) | (finish > run.end_s)))
+    unfinished_frac = unfinished / n
+    notes: list[str] = []
+    stable = True
+    if unfinished_frac > MAX_UNFINISHED_FRACTION:
+        stable = False
+        notes.append(
+            f"{unfinished} of {n} requests ({100 * unfinished_frac:.1f} %) had not finished by "
+            f"t={run.end_s:g} s (limit {100 * MAX_UNFINISHED_FRACTION:g} %)"
+        )
+
+    if run.offered_rate_rps is None:
+        if stable:
+            return True, (
+                f"stable: closed loop (in-system count bounded by concurrency); "
+                f"{unfinished} of {n} requests unfinished"
+            )
+        return False, "unstable: " + "; ".join(notes) + "; lower the load or add replicas"
+
+    t0 = run.start_s
+    t1 = run.arrival_window_end_s
+    if t1 is None:
+        t1 = float(np.max(requests["arrival_s"].to_numpy(float)))
+    if t1 > t0:
+        mid = 0.5 * (t0 + t1)
+        grid = np.linspace(mid, t1, _GROWTH_GRID_POINTS)
+        counts = in_system_at(requests, grid)
+        dt = grid - grid.mean()
+        slope = float(np.sum(dt * (counts - counts.mean())) / np.sum(dt * dt))
+        growth = slope * (t1 - mid)
+        mean_l = mean_in_system(requests, mid, t1)
+        growth_limit = max(MIN_GROWTH_REQUESTS, GROWTH_FRACTION_OF_MEAN * mean_l)
+        done_in_window = int(np.sum((finish >= t0) & (finish <= t1)))
+        throughput = done_in_window / (t1 - t0)
+        frac = throughput / run.offered_rate_rps
+        grows = growth > growth_limit
+        lags = frac < MIN_THROUGHPUT_FRACTION
+        trend = (
+            f"in-system count grew by {growth:.1f} over the second half of the arrival window "
+            f"(limit {growth_limit:.1f}, mean {mean_l:.1f}); completed {throughput:.3g} rps = "
+            f"{100 * frac:.0f} % of offered {run.offered_rate_rps:.3g} rps "
+            f"(limit {100 * MIN_THROUGHPUT_FRACTION:.0f} %)"
+        )
+        if grows and lags:
+            stable = False
+            notes.insert(0, "queue grows without bound: " + trend)
+        elif grows:
+            trend += "; the rise exceeds its limit but completions keep up: a transient, run longer to confirm"
+    else:
+        trend = "arrival window too short to measure a trend"
+    if stable:
+        return True, f"stable: {trend}; {unfinished} of {n} requests unfinished"
+    return False, "unstable: " + "; ".join(notes) + "; lower the request rate or add replicas"
+
+
+def _json_float(x: float | None) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def summarize(
+    requests: pd.DataFrame,
+    itl_s: np.ndarray,
+    run: RunInfo,
+    slos: list[Slo] | None = None,
+) -> dict[str, Any]:
+    """Summarise a run with `vllm bench serve` metrics; JSON-serialisable (NaN/inf -> None).
+
+    Latency statistics are over completed requests (TPOT and tok_s_per_user over completed
+    requests with more than one output token); ITL over `itl_s`, which should hold the chunk gaps
+    of completed requests (vLLM pools only successful requests' ITLs).  Aggregate SLOs are
+    checked on their stated statistic; goodput applies every per-request SLO threshold to each
+    completed request (ITL SLOs have no per-request value and are checked in aggregate only).
+    `slo_met` is False whenever the run is unstable: its statistics describe a transient, not a
+    steady state.
+    """
+    df = _sent(per_request_frame(requests))
+    done = df[df["completed"]]
+    duration_s = float(run.end_s - run.start_s)
+    completed = int(len(done))
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["output_tokens"].sum())
+    has_tpot = done["tpot_ms"].notna()
+    tpot_ms = done.loc[has_tpot, "tpot_ms"].to_numpy(float)
+    tok_s_user = done.loc[has_tpot, "tok_s_per_user"].to_numpy(float)
+    itl_ms = np.asarray(itl_s, dtype=float).ravel() * 1000.0
+    itl_ms = itl_ms[~np.isnan(itl_ms)]
+
+    values: dict[str, np.ndarray] = {
+        "ttft": done["ttft_ms"].to_numpy(float),
+        "tpot": tpot_ms,
+        "itl": itl_ms,
+        "e2e": done["e2e_ms"].to_numpy(float),
+        "tok_s_per_user": tok_s_user,
+    }
+    lat_stats = ("mean", "p50", "p90", "p99")
+    out_tput = total_out / duration_s
+    tot_tput = (total_in + total_out) / duration_s
+    median_tpot = _stat(tpot_ms, "p50")
+    stable, note = assess_stability(requests, run)
+
+    result: dict[str, Any] = {
+        "num_requests": int(len(df)),
+        "not_sent": int(len(requests) - len(df)),
+        "completed": completed,
+        "unfinished": int(len(df)) - completed,
+        "duration_s": duration_s,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput_rps": completed / duration_s,
+        "output_throughput_tok_s": out_tput,
+        "total_throughput_tok_s": tot_tput,
+        "output_throughput_tok_s_per_gpu": out_tput / run.num_gpus,
+        "total_throughput_tok_s_per_gpu": tot_tput / run.num_gpus,
+        "ttft_ms": _stats(values["ttft"], lat_stats),
+        "tpot_ms": _stats(values["tpot"], lat_stats),
+        "itl_ms": _stats(values["itl"], lat_stats),
+        "e2e_ms": _stats(values["e2e"], lat_stats),
+        "queue_delay_ms": _stats(done["queue_delay_ms"].to_numpy(float), lat_stats),
+        "tok_s_per_user": _stats(tok_s_user, ("mean", "p10", "p50", "p90")),
+        "tok_s_per_user_at_median_tpot": (
+            1000.0 / median_tpot if median_tpot is not None and median_tpot > 0 else None
+        ),
+        "goodput_rps": None,
+        "slo": [],
+        "slo_met": None,
+        "kv_utilisation": _series_stats(run.t_s, run.kv_used_fraction),
+        "running": _series_stats(run.t_s, run.running),
+        "waiting": _series_stats(run.t_s, run.waiting),
+        "preemptions": int(df["num_preemptions"].sum()),
+        "stable": stable,
+        "stability_note": note,
+    }
+
+    if slos:
+        good = np.ones(completed, dtype=bool)
+        # vLLM `all_tpots`: a request with <= 1 output token has TPOT 0 for goodput.
+        per_req = {
+            "ttft": done["ttft_ms"].to_numpy(float),
+            "tpot": done["tpot_ms"].fillna(0.0).to_numpy(float),
+            "e2e": done["e2e_ms"].to_numpy(float),
+            "tok_s_per_user": done["tok_s_per_user"].fillna(np.inf).to_numpy(float),
+        }
+        rows = []
+        for slo in slos:
+            if slo.metric in _PER_REQUEST_METRICS:
+                v = per_req[slo.metric]
+                good &= (v <= slo.threshold) if slo.op == "<" else (v >= slo.threshold)
+            achieved = _stat(values[slo.metric], slo.stat)
+            met = achieved is not None and slo.holds(achieved)
+            rows.append(
+                {"slo": str(slo), "achieved": _json_float(achieved), "threshold": slo.threshold, "met": met}
+            )
+        result["goodput_rps"] = int(np.sum(good)) / duration_s
+        result["slo"] = rows
+        result["slo_met"] = bool(all(r["met"] for r in rows) and stable)
+
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "queue_delay_ms", "tok_s_per_user",
+                "kv_utilisation", "running", "waiting"):
+        result[key] = {k: _json_float(v) for k, v in result[key].items()}
+    result["tok_s_per_user_at_median_tpot"] = _json_float(result["tok_s_per_user_at_median_tpot"])
+    return result

@@ -1,0 +1,1103 @@
+"""Model architectures read from Hugging Face ``config.json``-style files.
+
+Every shipped model is a JSON file in ``capacity/data/model_configs/`` (copied verbatim from the
+research folder; see its README.md for where each config came from). A shipped file wraps the HF
+config: ``{"hf_id", "role", "source", "config", "notes", "inferred", "stated_params", "derived", ...}``.
+`load_model` also accepts the path of a user's own plain ``config.json`` (the top-level object is the
+HF config itself).
+
+What is computed, and how (all DERIVED from the config fields, formulas below; nothing is copied
+from the research ``derived`` blocks, which the tests only use as a cross-check):
+
+* Parameters are counted from the tensor shapes the config implies, the same conventions as the
+  research README: gated MLP (SwiGLU/GeGLU) = 3·H·I; MoE = E·3·H·I + router H·E (+ E bias when
+  the router has a score-correction bias: ``topk_method == "noaux_tc"`` or ``use_routing_bias``);
+  GQA attention = H·nq·hd (×2 with ``attn_output_gate``) + 2·H·nkv·hd + nq·hd·H; MLA = q_a, q_b,
+  kv_a (with rope), kv_b, o and the two LoRA norms; Gated DeltaNet = in_proj_qkv/z/a/b + conv +
+  out_proj + A_log/dt_bias + head norm. Norm vectors are included, biases only where the
+  architecture has them. Vision towers and native MTP modules are excluded from ``params_total``
+  (the MTP size is reported separately in ``params_native_mtp``).
+* ``params_active`` leaves out the input-embedding lookup and includes the LM-head matmul (a tied
+  embedding counts once, as the LM head).
+* KV bytes per context token: GQA 2·nkv·hd·b per layer; MLA (kv_lora_rank + qk_rope_head_dim)·b;
+  sliding layers hold at most ``sliding_window`` tokens; Gated DeltaNet layers hold a constant state
+  per sequence: conv (2·nk·dk + nv·dv)·(kernel − 1) at the model dtype + ssm nv·dk·dv at
+  ``mamba_ssm_dtype``. ``b`` = 1 for an fp8 KV cache, 2 for bf16/fp16.
+* Sparse attention (DeepSeek-style DSA ``index_topk``; MiniMax MSA ``sparse_attention_config``):
+  those layers still cache K/V for every token (they count as full-attention layers), but a step
+  attends to (and reads) at most ``sparse_attention_tokens`` of them; the indexer's own key cache
+  (fp8 + one fp32 scale per 128 values — assumed, the vLLM/LightLLM DeepSeek-V3.2 indexer-cache
+  layout) is read for every context token.
+* Attention-score FLOPs per query token per context token: 4·nq·hd per GQA layer (QKᵀ and AV);
+  absorbed MLA 2·nh·(2·kv_lora_rank + qk_rope_head_dim) (the decode form vLLM uses). It is applied to
+  every chunk: for long prefill chunks vLLM switches to the non-absorbed form, 2·nh·(qk_nope + qk_rope
+  + v_head_dim) per context token plus the kv_b up-projection of the context, so MLA prefill attention
+  FLOPs are over-estimated (about 3.4x for DeepSeek-V3). An indexer adds 2·index_heads·index_dim per
+  layer per context token. Gated DeltaNet: 7·nv·dk·dv per layer per token
+  (decay dk·dv, Sᵀk 2·dk·dv, rank-1 update 2·dk·dv, readout Sᵀq 2·dk·dv) + the depthwise conv
+  2·kernel·(2·nk·dk + nv·dv) — derived from the recurrence, not measured.
+
+Not modelled: non-gated MLPs (GPT-2/OPT style; every MLP is taken as gated, 3·H·I), chunked
+attention (Llama 4), Gemma-3n per-layer embeddings, vision/audio towers.
+
+Draft models (role "draft") are costed per forward position like targets. A DFlash drafter borrows
+the target's embedding and LM head: ``params_lm_head`` is that borrowed head, counted in
+``params_active``/``dense_*`` (it runs on every drafted position) but not in ``params_total`` or
+``weight_bytes_total`` (the target stores it). The Gemma-4 assistant holds no KV of its own
+(``kv_bytes_per_token`` 0): it attends over the target's last sliding and last full layer, which its
+attention FLOPs include; the bytes it reads there are the target's.
+
+Architecture facts that HF keeps in modelling code rather than in config.json (which layers carry
+q/k norms, Gemma's extra norms, gpt-oss's attention sinks and expert biases, Qwen's shared-expert
+gate, Qwen2's qkv bias) are keyed on ``model_type`` in `_TRAITS`; everything else is read from the
+config fields.
+
+Weight precision (`load_model(weight_precision=...)`): None keeps the checkpoint's own format
+(``quantization_config``; if a config has none, a format named in the checkpoint id such as
+``-MXFP8``; else bf16). An override applies to the quantizable linear layers:
+  * fp8 / mxfp8: every linear layer except the input embedding and the LM head;
+  * int4 / mxfp4 / fp4 / nvfp4: the routed experts only for MoE models (the rest stays bf16, as in
+    the openai/gpt-oss MXFP4 and moonshotai/Kimi-K2.5 INT4 checkpoints), every linear layer except
+    the embedding and LM head for dense models (assumed: the usual AWQ/GPTQ/MXFP4 recipe);
+  * bf16: everything 2 bytes.
+Routers, gates, norms, biases and convolution kernels always stay at 2 bytes (assumed: the public
+FP8/MXFP4/INT4 checkpoints list them in ``modules_to_not_convert`` / ``ignore``; they are <0.1 % of
+the weights). Bytes per parameter including block scales are in `WEIGHT_FORMATS`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from capacity.errors import CapacityError
+from capacity.paths import data_dir
+
+# --------------------------------------------------------------------------------------------------
+# Data tables
+# --------------------------------------------------------------------------------------------------
+
+# name -> (bytes per parameter including block scales, source)
+WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
+    "bf16": (2.0, "bfloat16 / float16: 16 bits per value"),
+    "fp8": (1.0, "FP8 E4M3: 8 bits per value; per-channel or 128x128-block fp32 scales add <= 4 B per "
+                 "16,384 values (0.02 %) and are neglected (DeepSeek-R1/MiniMax-M2.5 quantization_config "
+                 "weight_block_size [128, 128])"),
+    "mxfp8": (1.0 + 1.0 / 32, "OCP Microscaling Formats (MX) Specification v1.0: 32-value blocks of FP8 "
+                              "E4M3 + one 8-bit E8M0 shared scale"),
+    "mxfp4": (0.5 + 1.0 / 32, "OCP Microscaling Formats (MX) Specification v1.0: 32-value blocks of FP4 "
+                              "E2M1 + one 8-bit E8M0 shared scale"),
+    "fp4": (0.5 + 1.0 / 32, "treated as MXFP4 (OCP MX v1.0) unless nvfp4 is named"),
+    "nvfp4": (0.5 + 1.0 / 16, "NVIDIA NVFP4: FP4 E2M1 with one FP8 E4M3 scale per 16 values (+ one fp32 "
+                              "scale per tensor, neglected)"),
+    "int4": (0.5 + 2.0 / 32, "compressed-tensors pack-quantized INT4, symmetric, group_size 32 "
+                             "(moonshotai/Kimi-K2.5 quantization_config) with one bf16 scale per group "
+                             "(scale dtype assumed bf16)"),
+}
+_OVERRIDE_FORMATS = ("bf16", "fp8", "mxfp8", "int4", "mxfp4", "fp4", "nvfp4")
+_FOUR_BIT = ("int4", "mxfp4", "fp4", "nvfp4")
+
+# Bytes of the small tensors that are never quantized (norms, routers, biases): the bf16 checkpoint dtype.
+_UNQUANTIZED_BYTES = 2.0
+
+# KV-cache dtype -> bytes per element (vLLM --kv-cache-dtype spellings; "auto" = the model dtype, bf16).
+KV_DTYPE_BYTES: dict[str, float] = {
+    "bf16": 2.0, "bfloat16": 2.0, "fp16": 2.0, "float16": 2.0, "auto": 2.0,
+    "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_e4m3fnuz": 1.0,
+}
+
+# Sparse-attention indexer key cache: fp8 values + one fp32 scale per 128 values (assumed: the
+# DeepSeek-V3.2 indexer cache layout of vLLM / LightLLM, k_cache fp8_e4m3 + k_scale fp32 per
+# index_quant_block_size 128). Used for GLM-5 (DSA) and MiniMax-M3 (MSA).
+_INDEX_KEY_BYTES_PER_VALUE = 1.0
+_INDEX_SCALE_BYTES_PER_BLOCK = 4.0
+_INDEX_QUANT_BLOCK = 128
+
+# Architecture facts HF keeps in modelling code, keyed on model_type (top level or text_config).
+#   qk_norm: "per_head" q_norm/k_norm over head_dim (Qwen3, Gemma 3/4, OLMo-style)
+#   norms_per_layer: RMSNorm vectors of width H per decoder layer (Llama 2; Gemma 4 4)
+#   moe_extra_norms / router_scale: Gemma 4 MoE layers add 3 norms and an H-wide router scale
+#     (the research README's derived counts for gemma-4-26B-A4B reproduce 25.2B with these)
+#   sinks: gpt-oss per-head attention sinks; expert_bias / router_bias: gpt-oss MoE biases
+#   qkv_bias: Qwen2 q/k/v biases without a config flag
+_TRAITS: dict[str, dict[str, Any]] = {
+    **{t: {"qk_norm": "per_head"} for t in (
+        "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text",
+        "olmoe", "glm4_moe")},
+    **{t: {"qk_norm": "per_head", "norms_per_layer": 4} for t in ("gemma3", "gemma3_text")},
+    **{t: {"qk_norm": "per_head", "norms_per_layer": 4, "moe_extra_norms": 3, "router_scale": True}
+       for t in ("gemma4", "gemma4_text", "gemma4_assistant")},
+    "gemma": {"norms_per_layer": 2}, "gemma2": {"norms_per_layer": 4},
+    "gpt_oss": {"sinks": True, "expert_bias": True, "router_bias": True},
+    "qwen2": {"qkv_bias": True}, "qwen2_moe": {"qkv_bias": True},
+}
+
+# Shared-expert styles: Qwen (`shared_expert_intermediate_size`) has a sigmoid gate Linear(H, 1).
+
+# Shipped draft configs were reconstructed (README "Not found"); some lack fields the parser needs.
+# hf_id -> (fields to fill when missing or not numeric, or the hf_id of a sibling file to copy them
+# from; the reason). Every value here is an ASSUMPTION and is reported in ModelArch.assumptions.
+_ASSUMED_DRAFT_FIELDS: dict[str, tuple[dict[str, Any] | str, str]] = {
+    "Inferact/MiniMax-M3-EAGLE3": (
+        {"num_attention_heads": 48, "num_key_value_heads": 48, "head_dim": 128,
+         "intermediate_size": 12288, "vocab_size": 200064, "draft_vocab_size": 32000},
+        "assumed: config.json not found; hidden 6144 / Llama head_dim 128 = 48 heads, MHA (recipe comment), "
+        "MLP width = target dense_intermediate_size 12288, vocab = target 200064, draft vocab 32000 "
+        "(SpecForge default)"),
+    "RedHatAI/gemma-4-31B-it-speculator.dspark": (
+        {"num_hidden_layers": 5, "hidden_size": 5376, "num_attention_heads": 32, "num_key_value_heads": 16,
+         "head_dim": 256, "intermediate_size": 21504, "vocab_size": 262144, "markov_rank": 256},
+        "assumed (very low confidence): only block 8, draft vocab 32000 and 8.39 GB are known; 5 layers at "
+        "the target's width + rank-256 Markov head as the file's notes guess"),
+    "z-lab/Qwen3.5-27B-DFlash": (
+        "z-lab/Qwen3.6-27B-DFlash",
+        "assumed: fields other than the trimmed ones copied from z-lab/Qwen3.6-27B-DFlash (the file's 'inferred')"),
+}
+
+# Checkpoint-id tokens that name a weight format, for configs without a quantization_config.
+_NAME_FORMATS = {"mxfp8": "mxfp8", "fp8": "fp8", "mxfp4": "mxfp4", "nvfp4": "nvfp4", "fp4": "fp4",
+                 "int4": "int4", "w4a16": "int4", "awq": "int4"}
+
+_DRAFT_METHODS = ("eagle3", "dflash", "dspark", "gemma4_mtp", "draft_model")
+
+
+# --------------------------------------------------------------------------------------------------
+# Public types
+# --------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DraftInfo:
+    """How a draft model drafts (from its config and the research notes)."""
+
+    method: str                                   # eagle3 | dflash | dspark | gemma4_mtp | draft_model
+    target: str | None                            # hf_id of the target it was trained for
+    block_size: int | None = None                 # DFlash/DSpark block: at most block_size - 1 drafts per pass (DFlash)
+    target_layer_ids: tuple[int, ...] | None = None   # target layers whose hidden states feed the draft
+    shares_target_kv: bool = False                # Gemma-4 assistant: no KV of its own, reads the target's
+    markov_rank: int | None = None                # DSpark Markov head rank
+    draft_vocab_size: int | None = None           # EAGLE-3 / DSpark reduced LM-head vocabulary
+    parallel_drafting: bool = False               # one forward proposes the whole block (DFlash, DSpark backbone)
+    uses_target_lm_head: bool = False             # borrows the target's embedding and LM head (DFlash)
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """One model's architecture with the sizes the step-cost model needs.
+
+    Units: params in parameters, bytes in bytes, FLOPs in floating-point operations (a multiply-add = 2).
+    """
+
+    name: str
+    model_type: str
+    role: str                                 # "target" or "draft"
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_kv_heads: int                         # MLA: 1 (one shared latent per token, replicated over TP ranks)
+    head_dim: int                             # MLA: qk_nope_head_dim + qk_rope_head_dim
+    num_full_attention_layers: int            # layers whose KV grows with every context token (full GQA/MHA/MSA/DSA, MLA)
+    num_sliding_attention_layers: int
+    sliding_window: int | None
+    num_linear_attention_layers: int          # Gated DeltaNet etc.: constant recurrent state per sequence
+    uses_mla: bool
+    params_total: int                         # incl. embeddings (tied counted once); excl. vision towers and MTP modules
+    params_active: int                        # per token: excl. the input-embedding lookup, incl. the LM head
+    params_embedding: int                     # input embedding table (0 if the model borrows the target's)
+    params_lm_head: int                       # LM-head matmul (tied: the embedding table; DFlash: the target's, borrowed)
+    num_moe_layers: int
+    num_experts: int
+    experts_per_token: int
+    num_shared_experts: int
+    params_per_expert: int                    # one routed expert in one layer
+    weight_precision: str                     # bf16 | fp8 | mxfp8 | int4 | mxfp4 | fp4 | nvfp4
+    compute_weight_dtype: str                 # dtype of the bulk of the linear FLOPs' weights (routed experts for MoE)
+    bytes_per_param: dict[str, float]         # {"dense", "expert", "embedding", "other"} incl. block scales
+    weight_bytes_total: float                 # bytes the model's own weights occupy
+    dense_weight_bytes: float                 # read by every forward pass: attention, dense MLPs, shared experts, routers, norms, LM head
+    expert_weight_bytes: float                # ONE routed expert in ONE layer
+    dense_flops_per_token: float              # 2 x dense linear params per token (incl. LM head)
+    expert_flops_per_token: float             # 2 x routed-expert linear params per token
+    kv_dtype: str
+    kv_bytes_per_token: float                 # per context token over full-KV layers (MLA latent+rope; + indexer keys)
+    swa_kv_bytes_per_token: float             # per context token over sliding layers (at most sliding_window tokens held)
+    state_bytes_per_seq: float                # constant per-sequence recurrent state (linear attention conv + ssm)
+    attn_flops_per_token_per_ctx: float       # per query token per context token over full/MLA layers that attend densely (+ indexer scoring)
+    swa_attn_flops_per_token_per_ctx: float   # per query token per (windowed) context token over sliding layers
+    linear_attn_flops_per_token: float        # per token over linear-attention layers (state update + readout + conv)
+    native_mtp_layers: int                    # 0 if none
+    draft: DraftInfo | None
+    source: str
+    # ---- beyond the minimal interface ----
+    dense_weight_dtype: str = "bf16"          # format of the dense (non-expert) linear layers
+    full_num_kv_heads: int = 0                # KV heads of the full-attention layers (Gemma 4: num_global_key_value_heads)
+    full_head_dim: int = 0                    # head dim of the full-attention layers (Gemma 4: global_head_dim)
+    num_sparse_attention_layers: int = 0      # full-KV layers that attend to at most sparse_attention_tokens tokens (DSA/MSA)
+    sparse_attention_tokens: int | None = None
+    sparse_kv_bytes_per_token: float = 0.0    # the part of kv_bytes_per_token held by sparse layers (excl. indexer keys)
+    index_kv_bytes_per_token: float = 0.0     # the part of kv_bytes_per_token that is indexer keys (read in full)
+    sparse_attn_flops_per_token_per_ctx: float = 0.0   # per query token per ATTENDED token over sparse layers
+    params_native_mtp: int = 0                # native MTP modules, excl. the shared embedding and LM head
+    mtp_kv_bytes_per_token: float = 0.0       # KV per context token the native MTP layers add when used
+    tied_embeddings: bool = False             # the LM head is the input embedding table (stored once)
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.role, self.weight_precision, self.kv_dtype, self.params_total,
+                     self.weight_bytes_total, self.kv_bytes_per_token, self.source))
+
+    # ---------------------------------------------------------------------------------------- costs
+    def kv_cache_bytes(self, context_tokens: np.ndarray) -> np.ndarray:
+        """Bytes of cache a sequence of each context length holds: full-KV layers for every token,
+        sliding layers for min(context, window) tokens, plus the constant recurrent state."""
+        c = np.asarray(context_tokens, dtype=np.float64)
+        return self.kv_bytes_per_token * c + self.swa_kv_bytes_per_token * _cap(c, self.sliding_window) \
+            + self.state_bytes_per_seq
+
+    def kv_read_bytes(self, context_tokens: np.ndarray) -> np.ndarray:
+        """Bytes of cache one decode step reads for each sequence: as `kv_cache_bytes`, except that
+        sparse-attention layers read only their at most `sparse_attention_tokens` selected tokens
+        (their indexer keys are read for every token)."""
+        c = np.asarray(context_tokens, dtype=np.float64)
+        dense_kv = self.kv_bytes_per_token - self.sparse_kv_bytes_per_token
+        return dense_kv * c + self.sparse_kv_bytes_per_token * _cap(c, self.sparse_attention_tokens) \
+            + self.swa_kv_bytes_per_token * _cap(c, self.sliding_window) + self.state_bytes_per_seq
+
+    def attention_flops(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """Attention FLOPs per sequence for a chunk of `new_tokens` tokens whose last token sits at
+        context length `context_tokens` (the chunk included). Causal: the i-th new token
+        (i = 1..n) attends to c − n + i tokens, so a full layer sees n·c − n(n−1)/2 context
+        tokens; sliding and sparse layers see min(position, window / sparse budget) per token.
+        Includes the linear-attention per-token work (n × `linear_attn_flops_per_token`)."""
+        n = np.asarray(new_tokens, dtype=np.float64)
+        c = np.asarray(context_tokens, dtype=np.float64)
+        if np.any(n < 0) or np.any(n > c):
+            raise ValueError("attention_flops needs 0 <= new_tokens <= context_tokens")
+        full = n * c - n * (n - 1.0) / 2.0
+        out = self.attn_flops_per_token_per_ctx * full + self.linear_attn_flops_per_token * n
+        if self.swa_attn_flops_per_token_per_ctx:
+            out = out + self.swa_attn_flops_per_token_per_ctx * _capped_sum(n, c, self.sliding_window)
+        if self.sparse_attn_flops_per_token_per_ctx:
+            out = out + self.sparse_attn_flops_per_token_per_ctx * _capped_sum(n, c, self.sparse_attention_tokens)
+        return out
+
+    # ---------------------------------------------------------------------------------------- output
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (for ``capacity models --json``)."""
+        d = asdict(self)
+        if self.draft is not None and self.draft.target_layer_ids is not None:
+            d["draft"]["target_layer_ids"] = list(self.draft.target_layer_ids)
+        d["assumptions"] = list(self.assumptions)
+        d["bytes_per_param"] = dict(self.bytes_per_param)
+        return d
+
+
+# --------------------------------------------------------------------------------------------------
+# Vectorised helpers
+# --------------------------------------------------------------------------------------------------
+
+def _cap(c: np.ndarray, limit: int | None) -> np.ndarray:
+    return c if limit is None else np.minimum(c, float(limit))
+
+
+def _capped_sum(n: np.ndarray, c: np.ndarray, limit: int | None) -> np.ndarray:
+    """Σ_{j=c−n+1}^{c} min(j, limit): context tokens a chunk's queries see in a windowed layer."""
+    if limit is None:
+        return n * c - n * (n - 1.0) / 2.0
+    k = float(limit)
+    a = c - n + 1.0                       # first position of the chunk
+    m = np.minimum(c, k)                  # last position below the cap
+    below = np.where(m >= a, (a + m) * (m - a + 1.0) / 2.0, 0.0)
+    above = k * np.maximum(0.0, c - np.maximum(a - 1.0, k))
+    return below + above
+
+
+# --------------------------------------------------------------------------------------------------
+# Config access
+# --------------------------------------------------------------------------------------------------
+
+_NUM_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def _number(value: Any) -> float | int | None:
+    """A config value as a number: ints/floats as is; "64 (inferred)" -> 64; anything else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        m = _NUM_RE.match(value)
+        if m:
+            text = m.group(1)
+            return float(text) if any(ch in text for ch in ".eE") else int(text)
+    return None
+
+
+class _Config:
+    """A flattened HF config: top-level fields overlaid with the text/transformer sub-config."""
+
+    def __init__(self, raw: dict[str, Any], label: str):
+        self.label = label
+        self.top = raw
+        merged = dict(raw)
+        for key in ("text_config", "transformer_layer_config", "llm_config", "language_config"):
+            sub = raw.get(key)
+            if isinstance(sub, dict):
+                merged.update(sub)
+        self.c = merged
+
+    def raw(self, *names: str) -> Any:
+        for name in names:
+            if name in self.c and self.c[name] is not None:
+                return self.c[name]
+        return None
+
+    def num(self, *names: str, default: Any = None, required: bool = False) -> Any:
+        for name in names:
+            value = self.c.get(name)
+            if isinstance(value, str) and value.strip().startswith("=="):
+                ref = value.strip()[2:].split()[0]          # "== num_attention_heads (...)"
+                value = self.c.get(ref)
+            num = _number(value)
+            if num is not None:
+                return num
+        if required:
+            raise CapacityError(
+                f"model config {self.label} is missing '{names[0]}'; add it (as in the model's Hugging Face "
+                f"config.json) or pass a complete config.json")
+        return default
+
+    def int(self, *names: str, default: Any = None, required: bool = False) -> Any:
+        v = self.num(*names, default=default, required=required)
+        return int(v) if isinstance(v, (int, float)) else v
+
+    def flag(self, name: str, default: bool = False) -> bool:
+        v = self.c.get(name)
+        return default if v is None else bool(v)
+
+    def model_types(self) -> list[str]:
+        out = []
+        for v in (self.top.get("model_type"), self.c.get("model_type")):
+            if isinstance(v, str) and v not in out:
+                out.append(v)
+        return out
+
+
+def _traits(cfg: _Config) -> dict[str, Any]:
+    t: dict[str, Any] = {}
+    for mt in cfg.model_types():
+        t.update(_TRAITS.get(mt, {}))
+    return t
+
+
+# --------------------------------------------------------------------------------------------------
+# Parameter accounting
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Parts:
+    dense_linear: int = 0      # quantizable linear weights every token runs through
+    small_linear: int = 0      # routers and gates: linear, every token, never quantized
+    other: int = 0             # norms, biases, sinks, conv kernels, scalars: never quantized
+    lookup: int = 0            # lookup tables besides the input embedding (DSpark Markov w1)
+
+    def add(self, other: "_Parts") -> None:
+        self.dense_linear += other.dense_linear
+        self.small_linear += other.small_linear
+        self.other += other.other
+        self.lookup += other.lookup
+
+    @property
+    def total(self) -> int:
+        return self.dense_linear + self.small_linear + self.other + self.lookup
+
+
+@dataclass
+class _Attn:
+    """Per-layer attention cost contributions."""
+
+    params: _Parts
+    kv_bytes: float = 0.0          # per context token
+    flops_per_ctx: float = 0.0     # per query token per attended context token
+    index_kv_bytes: float = 0.0    # per context token (read in full)
+    index_flops_per_ctx: float = 0.0
+
+
+def _gqa(cfg: _Config, tr: dict[str, Any], h_in: int, h: int, nq: int, nkv: int, hd: int, *,
+         has_v: bool, kv_shared: bool, kv_b: float) -> _Attn:
+    gated = cfg.flag("attn_output_gate")
+    p = _Parts()
+    q_out = nq * hd * (2 if gated else 1)
+    p.dense_linear += h_in * q_out + nq * hd * h
+    if not kv_shared:
+        p.dense_linear += h_in * nkv * hd * (2 if has_v else 1)
+    bias = cfg.flag("attention_bias")
+    if bias or tr.get("qkv_bias"):
+        p.other += q_out + (0 if kv_shared else nkv * hd * (2 if has_v else 1))
+    if bias:
+        p.other += h                                            # o_proj bias
+    qk = tr.get("qk_norm")
+    if "use_qk_norm" in cfg.c:
+        qk = (cfg.raw("qk_norm_type") or "per_head") if cfg.flag("use_qk_norm") else None
+    if qk == "per_layer":
+        p.other += nq * hd + (0 if kv_shared else nkv * hd)
+    elif qk:
+        p.other += hd + (0 if kv_shared else hd)
+    if tr.get("sinks"):
+        p.other += nq
+    kv = 0.0 if kv_shared else 2.0 * nkv * hd * kv_b           # K and V (Gemma k_eq_v: both cached, README)
+    return _Attn(params=p, kv_bytes=kv, flops_per_ctx=4.0 * nq * hd)
+
+
+def _mla(cfg: _Config, h_in: int, h: int, nh: int, kv_b: float) -> _Attn:
+    q_lora = cfg.int("q_lora_rank")
+    kv_lora = cfg.int("kv_lora_rank", required=True)
+    nope = cfg.int("qk_nope_head_dim", required=True)
+    rope = cfg.int("qk_rope_head_dim", required=True)
+    v = cfg.int("v_head_dim", required=True)
+    p = _Parts()
+    if q_lora:
+        p.dense_linear += h_in * q_lora + q_lora * nh * (nope + rope)
+        p.other += q_lora                                       # q_a_layernorm
+    else:
+        p.dense_linear += h_in * nh * (nope + rope)
+    p.dense_linear += h_in * (kv_lora + rope) + kv_lora * nh * (nope + v) + nh * v * h
+    p.other += kv_lora                                          # kv_a_layernorm
+    return _Attn(params=p, kv_bytes=(kv_lora + rope) * kv_b,
+                 flops_per_ctx=2.0 * nh * (2 * kv_lora + rope))
+
+
+def _gated_deltanet(cfg: _Config, h: int) -> tuple[_Parts, float, float]:
+    """Params, state bytes per sequence and FLOPs per token of one Gated DeltaNet layer."""
+    nk = cfg.int("linear_num_key_heads", required=True)
+    dk = cfg.int("linear_key_head_dim", required=True)
+    nv = cfg.int("linear_num_value_heads", required=True)
+    dv = cfg.int("linear_value_head_dim", required=True)
+    kernel = cfg.int("linear_conv_kernel_dim", required=True)
+    conv_dim = 2 * nk * dk + nv * dv
+    p = _Parts()
+    p.dense_linear += h * conv_dim + h * nv * dv + nv * dv * h   # in_proj_qkv, in_proj_z, out_proj
+    p.small_linear += 2 * h * nv                                 # in_proj_a, in_proj_b
+    p.other += conv_dim * kernel + 2 * nv + dv                   # conv1d, A_log + dt_bias, gated head norm
+    ssm_bytes = 4.0 if str(cfg.raw("mamba_ssm_dtype") or "").lower() in ("float32", "fp32") else 2.0
+    state = conv_dim * (kernel - 1) * 2.0 + nv * dk * dv * ssm_bytes
+    flops = 7.0 * nv * dk * dv + 2.0 * kernel * conv_dim
+    return p, state, flops
+
+
+def _mlp(h: int, inter: int) -> _Parts:
+    return _Parts(dense_linear=3 * h * inter)
+
+
+# --------------------------------------------------------------------------------------------------
+# Layer layout
+# --------------------------------------------------------------------------------------------------
+
+_LAYER_TYPE_NAMES = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "linear",
+                     "global": "full", "local": "sliding"}
+
+
+def _layer_kinds(cfg: _Config, n_layers: int) -> list[str]:
+    lt = cfg.raw("layer_types")
+    if isinstance(lt, list):
+        if len(lt) != n_layers:
+            raise CapacityError(
+                f"model config {cfg.label} lists {len(lt)} layer_types for {n_layers} layers; make them agree")
+        out = []
+        for t in lt:
+            if t not in _LAYER_TYPE_NAMES:
+                raise CapacityError(
+                    f"model config {cfg.label} has layer type '{t}'; capacity knows "
+                    f"{', '.join(sorted(_LAYER_TYPE_NAMES))}")
+            out.append(_LAYER_TYPE_NAMES[t])
+        return out
+    if cfg.raw("linear_num_value_heads") is not None:            # hybrid without layer_types
+        interval = cfg.int("full_attention_interval", default=4)
+        return ["full" if (i + 1) % interval == 0 else "linear" for i in range(n_layers)]
+    window = cfg.int("sliding_window")
+    use = cfg.c.get("use_sliding_window")
+    if window and use is not False:
+        pattern = cfg.int("sliding_window_pattern")
+        if pattern:
+            return ["full" if (i + 1) % pattern == 0 else "sliding" for i in range(n_layers)]
+        if use is True and cfg.int("max_window_layers") is not None:   # Qwen2 semantics
+            first_full = cfg.int("max_window_layers")
+            return ["sliding" if i >= first_full else "full" for i in range(n_layers)]
+        return ["sliding"] * n_layers
+    return ["full"] * n_layers
+
+
+def _moe_layers(cfg: _Config, n_layers: int, n_experts: int) -> list[bool]:
+    if not n_experts:
+        return [False] * n_layers
+    moe = [True] * n_layers
+    first_dense = cfg.int("first_k_dense_replace", default=0)
+    freq = cfg.raw("moe_layer_freq")
+    step = cfg.int("decoder_sparse_step")
+    only_mlp = cfg.raw("mlp_only_layers") or []
+    for i in range(n_layers):
+        if i < first_dense:
+            moe[i] = False
+        if isinstance(freq, list):
+            if len(freq) != n_layers:
+                raise CapacityError(
+                    f"model config {cfg.label} has {len(freq)} moe_layer_freq entries for {n_layers} layers; "
+                    f"make them agree")
+            moe[i] = moe[i] and bool(freq[i])
+        elif isinstance(freq, int) and freq > 1:
+            moe[i] = moe[i] and i % freq == 0
+        if step and step > 1:
+            moe[i] = moe[i] and (i + 1) % step == 0
+        if i in only_mlp:
+            moe[i] = False
+    return moe
+
+
+# --------------------------------------------------------------------------------------------------
+# Precision
+# --------------------------------------------------------------------------------------------------
+
+def _mentions_attention(patterns: Any) -> bool:
+    if not isinstance(patterns, list):
+        return False
+    return any(isinstance(p, str) and ("self_attn" in p or "attn" in p.split(".")[-1] or "attention" in p)
+               for p in patterns)
+
+
+def _native_format(cfg: _Config, name: str, is_moe: bool) -> tuple[str, str, dict[str, float], str | None]:
+    """(dense format, expert format, format-bytes overrides, assumption note) of the checkpoint."""
+    q = cfg.raw("quantization_config")
+    if isinstance(q, dict):
+        method = str(q.get("quant_method", "")).lower()
+        fmt, ignore, extra = None, None, {}
+        if method == "mxfp4":
+            fmt, ignore = "mxfp4", q.get("modules_to_not_convert")
+        elif method in ("fp8", "fbgemm_fp8", "ptpc_fp8"):
+            block = q.get("weight_block_size")
+            fmt = "mxfp8" if isinstance(block, list) and list(block) == [1, 32] and \
+                str(q.get("scale_fmt", "")).lower() == "ue8m0" else "fp8"
+            ignore = q.get("modules_to_not_convert") or q.get("ignored_layers")
+        elif method == "compressed-tensors":
+            groups = q.get("config_groups") or {}
+            w = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
+            if isinstance(w, dict):
+                bits, kind, gsize = w.get("num_bits"), str(w.get("type", "")), w.get("group_size")
+                if bits == 8 and kind == "float":
+                    fmt = "fp8"
+                elif bits == 4 and kind == "int":
+                    fmt = "int4"
+                    g = int(gsize) if gsize else 32
+                    extra["int4"] = 0.5 + 2.0 / g + (0.0 if w.get("symmetric", True) else 0.5 / g)
+                elif bits == 4 and kind == "float":
+                    fmt = "nvfp4" if (gsize or 16) == 16 else "mxfp4"
+            ignore = q.get("ignore")
+        elif method == "quark":
+            w = (q.get("global_quant_config") or {}).get("weight") or {}
+            dtype = str(w.get("dtype", "")).lower()
+            fmt = {"fp8_e4m3": "fp8", "fp4": "mxfp4", "mxfp4": "mxfp4", "int4": "int4", "uint4": "int4"}.get(dtype)
+            ignore = q.get("exclude")
+        elif method == "modelopt":
+            algo = str(q.get("quant_algo", "")).upper()
+            fmt = {"FP8": "fp8", "NVFP4": "nvfp4", "MXFP8": "mxfp8"}.get(algo)
+            ignore = q.get("exclude_modules")
+        elif method in ("awq", "gptq", "auto-round") and q.get("bits") == 4:
+            fmt = "int4"
+            g = int(q.get("group_size") or 128)
+            extra["int4"] = 0.5 + 2.0 / g + (0.5 / g if not q.get("sym", False) else 0.0)
+            ignore = q.get("modules_to_not_convert")
+        if fmt is None:
+            raise CapacityError(
+                f"model config {cfg.label} has a quantization_config (quant_method '{method}') capacity cannot "
+                f"read; pass weight_precision= one of {', '.join(_OVERRIDE_FORMATS)}")
+        experts_only = is_moe and (fmt in _FOUR_BIT or _mentions_attention(ignore))
+        return ("bf16" if experts_only else fmt), fmt, extra, None
+    # No quantization_config: a format named in the checkpoint id (e.g. MiniMax-M3-MXFP8).
+    tokens = re.split(r"[-_./]", name.lower().split("/")[-1])
+    for token, fmt in _NAME_FORMATS.items():
+        if token in tokens:
+            dense = "bf16" if (is_moe and fmt in _FOUR_BIT) else fmt
+            return dense, fmt, {}, (f"weight format {fmt} taken from the checkpoint name '{name}' "
+                                    f"(the config has no quantization_config; assumed to cover "
+                                    f"{'the routed experts' if dense == 'bf16' else 'all linear layers except embedding and LM head'})")
+    return "bf16", "bf16", {}, None
+
+
+def _override_format(precision: str, is_moe: bool) -> tuple[str, str]:
+    p = precision.lower()
+    if p in ("fp16", "bfloat16", "float16"):
+        p = "bf16"
+    if p not in _OVERRIDE_FORMATS:
+        raise CapacityError(f"unknown weight precision '{precision}'; use one of: {', '.join(_OVERRIDE_FORMATS)}")
+    if p in _FOUR_BIT and is_moe:
+        return "bf16", p
+    return p, p
+
+
+# --------------------------------------------------------------------------------------------------
+# Building a ModelArch
+# --------------------------------------------------------------------------------------------------
+
+def _draft_method(cfg: _Config, wrapper_method: str | None) -> str | None:
+    arch = " ".join(str(a) for a in (cfg.top.get("architectures") or [])).lower()
+    if "gemma4_assistant" in cfg.model_types() or "assistant" in arch:
+        return "gemma4_mtp"
+    if cfg.top.get("speculators_model_type") == "eagle3" or "eagle3" in arch:
+        return "eagle3"
+    if "dspark" in arch or cfg.raw("markov_rank") is not None:
+        return "dspark"
+    if isinstance(cfg.raw("dflash_config"), dict) or "dflash" in arch:
+        return "dflash"
+    if wrapper_method:
+        m = wrapper_method.lower()
+        for key, method in (("eagle", "eagle3"), ("dflash", "dflash"), ("dspark", "dspark"), ("mtp", "gemma4_mtp")):
+            if key in m:
+                return method
+        return "draft_model"
+    return None
+
+
+def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, source: str,
+           wrapper: dict[str, Any] | None, weight_precision: str | None, kv_dtype: str) -> ModelArch:
+    assumptions: list[str] = []
+    if wrapper is not None:
+        assumptions += [f"research note: {s}" for s in (wrapper.get("inferred") or [])]
+    raw = dict(raw_cfg)
+    overlay = _ASSUMED_DRAFT_FIELDS.get(name)
+    cfg = _Config(raw, label)
+    if overlay is not None:
+        fields, why = overlay
+        if isinstance(fields, str):
+            fields = _Config(_read_shipped(fields)[1]["config"], fields).c
+        filled = {k: v for k, v in fields.items()
+                  if k not in ("hf_id", "architectures", "dflash_config", "auto_map")
+                  and _number(cfg.c.get(k)) is None and not isinstance(cfg.c.get(k), (list, dict))}
+        cfg.c.update(filled)
+        if filled:
+            assumptions.append(f"{why}: {', '.join(sorted(filled))}")
+
+    if kv_dtype.lower() not in KV_DTYPE_BYTES:
+        raise CapacityError(f"unknown kv_dtype '{kv_dtype}'; use one of: {', '.join(KV_DTYPE_BYTES)}")
+    kv_b = KV_DTYPE_BYTES[kv_dtype.lower()]
+    tr = _traits(cfg)
+
+    method = _draft_method(cfg, wrapper.get("method") if wrapper else None)
+    if method in ("dflash", "dspark") and not tr:
+        tr = dict(_TRAITS["qwen3"])          # DFlash/DSpark backbones are Qwen3-style decoders (README)
+    if role is None:
+        role = "draft" if method else "target"
+    if role == "target":
+        method = None
+    elif method is None:
+        method = "draft_model"
+
+    n_layers = cfg.int("num_hidden_layers", "n_layer", "num_layers", required=True)
+    h = cfg.int("hidden_size", "d_model", "n_embd", required=True)
+    vocab = cfg.int("vocab_size", required=True)
+    nq = cfg.int("num_attention_heads", "n_head", required=True)
+    nkv = cfg.int("num_key_value_heads", default=nq)
+    hd = cfg.int("head_dim", default=h // nq)
+    uses_mla = cfg.int("kv_lora_rank") is not None
+    n_experts = cfg.int("n_routed_experts", "num_experts", "num_local_experts", default=0) or 0
+    top_k = cfg.int("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", default=0) or 0
+    if n_experts and not top_k:
+        raise CapacityError(f"model config {label} is missing 'num_experts_per_tok' for its {n_experts} experts; add it")
+    dense_inter = cfg.int("dense_intermediate_size", "intermediate_size")
+    expert_inter = cfg.int("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
+    if dense_inter is None and expert_inter is None:
+        raise CapacityError(f"model config {label} is missing 'intermediate_size'; add it (as in the model's "
+                            f"Hugging Face config.json) or pass a complete config.json")
+
+    kinds = _layer_kinds(cfg, n_layers)
+    moe = _moe_layers(cfg, n_layers, n_experts)
+    parallel_dense_mlp = cfg.flag("enable_moe_block")            # Gemma 4: dense MLP AND MoE in each layer
+    window = cfg.int("sliding_window") if "sliding" in kinds else None
+    kv_shared_from = n_layers - (cfg.int("num_kv_shared_layers", default=0) or 0)
+
+    # Sparse attention
+    sparse_flags = [False] * n_layers
+    sparse_tokens = None
+    index_heads = index_dim = 0
+    index_style = ""
+    sac = cfg.raw("sparse_attention_config")
+    if isinstance(sac, dict) and sac.get("use_sparse_attention"):
+        freq = sac.get("sparse_attention_freq") or [1] * n_layers
+        sparse_flags = [bool(f) and kinds[i] == "full" for i, f in enumerate(freq)]
+        blocks = int(sac.get("sparse_topk_blocks", 0)) + int(sac.get("sparse_local_block", 0)) \
+            + int(sac.get("sparse_init_block", 0))
+        sparse_tokens = blocks * int(sac.get("sparse_block_size", 0))
+        index_heads, index_dim = int(sac.get("sparse_num_index_heads", 0)), int(sac.get("sparse_index_dim", 0))
+        index_style = "msa"
+    elif cfg.int("index_topk") and cfg.int("index_n_heads"):
+        sparse_flags = [k == "full" for k in kinds]
+        sparse_tokens = cfg.int("index_topk")
+        index_heads, index_dim = cfg.int("index_n_heads"), cfg.int("index_head_dim", required=True)
+        index_style = "dsa"
+    index_bytes = (index_dim * _INDEX_KEY_BYTES_PER_VALUE
+                   + math.ceil(index_dim / _INDEX_QUANT_BLOCK) * _INDEX_SCALE_BYTES_PER_BLOCK) if index_dim else 0.0
+    if index_dim:
+        assumptions.append("indexer key cache fp8 + fp32 scale per 128 values (vLLM/LightLLM DeepSeek-V3.2 layout)")
+
+    # Draft-specific structure
+    h_in_attn = h
+    extra = _Parts()           # params outside the decoder layers (fc, projections, final norm, ...)
+    embed = vocab * h
+    lm_head = vocab * h
+    lm_head_owned = True
+    tied = cfg.flag("tie_word_embeddings", default=any(t.startswith("gemma") for t in cfg.model_types()))
+    layer_ids = cfg.raw("target_layer_ids")
+    dcfg = cfg.raw("dflash_config")
+    if isinstance(dcfg, dict):
+        layer_ids = dcfg.get("target_layer_ids", layer_ids)
+    if layer_ids is None:
+        layer_ids = cfg.raw("eagle_aux_hidden_state_layer_ids")
+    block = cfg.int("block_size")
+    if block is None and isinstance(dcfg, dict):
+        block = _number(dcfg.get("block_size"))
+    draft_vocab = cfg.int("draft_vocab_size")
+    markov_rank = cfg.int("markov_rank")
+    extra.other += h                                             # final norm
+    if method == "eagle3":
+        taps = len(layer_ids) if isinstance(layer_ids, list) else 3
+        h_in_attn = 2 * h                                        # attention input concat(embed, hidden)
+        extra.dense_linear += taps * h * h                       # fc over the target taps
+        extra.other += h                                         # hidden_norm
+        lm_head = (draft_vocab or vocab) * h
+        tied = False
+    elif method in ("dflash", "dspark"):
+        if isinstance(layer_ids, list):
+            taps = len(layer_ids)
+        else:
+            taps = n_layers
+            assumptions.append(f"number of target taps unknown: assumed = draft layers ({n_layers})")
+        extra.dense_linear += taps * h * h                       # fc over the target taps
+        extra.other += h                                         # hidden_norm
+        if method == "dflash":                                   # no embedding / LM head of its own
+            embed, lm_head_owned, tied = 0, False, False
+        else:
+            mv = draft_vocab or vocab
+            lm_head = mv * h
+            if markov_rank:
+                extra.lookup += mv * markov_rank                 # markov_w1 [V, r] gathered
+                extra.dense_linear += mv * markov_rank           # markov_w2 [V, r] matmul per step
+    elif method == "gemma4_mtp":
+        backbone = cfg.int("backbone_hidden_size", required=True)
+        extra.dense_linear += 2 * backbone * h + h * backbone    # pre_projection 2·Hb→H, post_projection H→Hb
+
+    # Decoder layers
+    layers = _Parts()
+    full_kv = sparse_kv = swa_kv = state = 0.0
+    index_kv = 0.0
+    full_flops = sparse_flops = swa_flops = index_flops = lin_flops = 0.0
+    norms = tr.get("norms_per_layer", 2)                        # input + post-attention RMSNorm by default
+    full_nkv = cfg.int("num_global_key_value_heads", default=nkv)
+    full_hd = cfg.int("global_head_dim", default=hd)
+    k_eq_v = cfg.flag("attention_k_eq_v")
+    for i in range(n_layers):
+        kind = kinds[i]
+        kv_shared = i >= kv_shared_from
+        if kind == "linear":
+            p, s, f = _gated_deltanet(cfg, h)
+            layers.add(p)
+            state += s
+            lin_flops += f
+        else:
+            if uses_mla:
+                a = _mla(cfg, h_in_attn, h, nq, kv_b)
+            elif kind == "full":
+                a = _gqa(cfg, tr, h_in_attn, h, nq, full_nkv, full_hd, has_v=not k_eq_v,
+                         kv_shared=kv_shared, kv_b=kv_b)
+            else:
+                a = _gqa(cfg, tr, h_in_attn, h, nq, nkv, hd, has_v=True, kv_shared=kv_shared, kv_b=kv_b)
+            if kv_shared:
+                a.kv_bytes = 0.0
+            layers.add(a.params)
+            if kind == "sliding":
+                swa_kv += a.kv_bytes
+                swa_flops += a.flops_per_ctx
+            elif sparse_flags[i]:
+                sparse_kv += a.kv_bytes
+                sparse_flops += a.flops_per_ctx
+            else:
+                full_kv += a.kv_bytes
+                full_flops += a.flops_per_ctx
+            if sparse_flags[i]:
+                q_src = cfg.int("q_lora_rank") if index_style == "dsa" else h
+                if index_style == "dsa":                          # wq_b, wk, k_norm (LayerNorm w+b), weights_proj
+                    layers.dense_linear += q_src * index_heads * index_dim + h * index_dim
+                    layers.small_linear += h * index_heads
+                    layers.other += 2 * index_dim
+                else:                                             # MSA: index q heads + one shared index key
+                    layers.dense_linear += h * index_heads * index_dim + h * index_dim
+                index_kv += index_bytes
+                index_flops += 2.0 * index_heads * index_dim
+        layers.other += norms * h
+        if moe[i]:
+            if parallel_dense_mlp and dense_inter:
+                layers.add(_mlp(h, dense_inter))
+            layers.small_linear += h * n_experts                 # router
+            if tr.get("router_bias"):
+                layers.other += n_experts
+            if cfg.raw("topk_method") == "noaux_tc" or cfg.flag("use_routing_bias"):
+                layers.other += n_experts                        # e_score_correction_bias
+            if tr.get("router_scale"):
+                layers.other += h
+            layers.other += tr.get("moe_extra_norms", 0) * h
+        else:
+            layers.add(_mlp(h, dense_inter if dense_inter else expert_inter))
+
+    # MoE shared experts and one routed expert
+    n_moe = sum(moe)
+    shared_width = 0
+    n_shared = 0
+    shared_gate = False
+    if n_moe:
+        if cfg.int("shared_expert_intermediate_size"):
+            shared_width, n_shared, shared_gate = cfg.int("shared_expert_intermediate_size"), 1, True
+        elif cfg.int("n_shared_experts"):
+            n_shared = cfg.int("n_shared_experts")
+            shared_width = cfg.int("shared_intermediate_size") or expert_inter
+        elif cfg.int("shared_intermediate_size"):
+            shared_width, n_shared = cfg.int("shared_intermediate_size"), 1
+        layers.dense_linear += n_moe * n_shared * 3 * h * shared_width
+        if shared_gate:
+            layers.small_linear += n_moe * h
+    expert_linear = 3 * h * expert_inter if n_moe else 0
+    expert_other = (2 * expert_inter + h) if (n_moe and tr.get("expert_bias")) else 0
+
+    # Native MTP modules: per layer fc 2H->H + 3 norms + one full-attention decoder layer (MoE block if MoE).
+    n_mtp = 0
+    if role == "target":
+        if cfg.int("num_mtp_modules"):
+            n_mtp = cfg.int("num_mtp_modules") * (cfg.int("mtp_transformer_layers", default=1) or 1)
+        else:
+            n_mtp = cfg.int("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0
+    mtp_params = 0
+    mtp_kv = 0.0
+    if n_mtp:
+        if uses_mla:
+            a = _mla(cfg, h, h, nq, kv_b)
+        else:
+            a = _gqa(cfg, tr, h, h, nq, full_nkv, full_hd, has_v=not k_eq_v, kv_shared=False, kv_b=kv_b)
+        one = a.params.total + 2 * h * h + 3 * h + norms * h
+        mtp_index_kv = 0.0
+        if index_style == "dsa":                                  # the MTP layer is a full decoder layer: indexer too
+            one += cfg.int("q_lora_rank") * index_heads * index_dim + h * index_dim + h * index_heads + 2 * index_dim
+            mtp_index_kv = index_bytes
+        if n_moe:
+            one += h * n_experts + n_experts * (1 if (cfg.raw("topk_method") == "noaux_tc"
+                                                      or cfg.flag("use_routing_bias")) else 0)
+            one += n_experts * (expert_linear + expert_other) + n_shared * 3 * h * shared_width + (h if shared_gate else 0)
+        else:
+            one += 3 * h * (dense_inter or expert_inter)
+        mtp_params = n_mtp * one
+        mtp_kv = n_mtp * (a.kv_bytes + mtp_index_kv)
+        if cfg.int("num_mtp_modules"):
+            assumptions.append("MiniMax MTP module = one full-attention MoE decoder layer + fc 2H->H "
+                               "(structure not published; README)")
+
+    # Precision
+    if weight_precision is None:
+        dense_fmt, expert_fmt, fmt_bytes, note = _native_format(cfg, name, n_moe > 0)
+        if note:
+            assumptions.append(note)
+    else:
+        dense_fmt, expert_fmt = _override_format(weight_precision, n_moe > 0)
+        fmt_bytes = {}
+    label_fmt = expert_fmt if n_moe else dense_fmt
+    fmt_table = {k: v[0] for k, v in WEIGHT_FORMATS.items()}
+    fmt_table.update(fmt_bytes)
+    b_dense, b_expert, b_emb, b_other = fmt_table[dense_fmt], fmt_table[expert_fmt], 2.0, _UNQUANTIZED_BYTES
+
+    # Totals
+    lm_params = lm_head
+    if tied and method not in ("eagle3", "dspark"):
+        lm_params = embed if embed else lm_head
+    stored_tables = embed + (lm_head if (lm_head_owned and not tied) else 0)
+    body = layers.total + extra.total
+    params_total = stored_tables + body + n_moe * n_experts * (expert_linear + expert_other)
+    params_active = lm_params + body - extra.lookup - layers.lookup + n_moe * top_k * (expert_linear + expert_other)
+    linear_every_token = layers.dense_linear + extra.dense_linear
+    small_every_token = layers.small_linear + extra.small_linear + layers.other + extra.other
+    dense_weight_bytes = lm_params * b_emb + linear_every_token * b_dense + small_every_token * b_other
+    expert_weight_bytes = expert_linear * b_expert + expert_other * b_other
+    weight_bytes_total = (stored_tables * b_emb + linear_every_token * b_dense
+                          + (small_every_token + layers.lookup + extra.lookup) * b_other
+                          + n_moe * n_experts * expert_weight_bytes)
+    dense_flops = 2.0 * (lm_params + linear_every_token + layers.small_linear + extra.small_linear)
+    expert_flops = 2.0 * n_moe * top_k * expert_linear
+
+    draft = None
+    if role == "draft":
+        target = (wrapper or {}).get("target")
+        if target is None:
+            verifier = (cfg.top.get("speculators_config") or {}).get("verifier") or {}
+            target = verifier.get("name_or_path")
+        draft = DraftInfo(
+            method=method or "draft_model",
+            target=target,
+            block_size=int(block) if block else None,
+            target_layer_ids=tuple(int(x) for x in layer_ids) if isinstance(layer_ids, list) else None,
+            shares_target_kv=method == "gemma4_mtp" or kv_shared_from <= 0,
+            markov_rank=markov_rank,
+            draft_vocab_size=draft_vocab,
+            parallel_drafting=method in ("dflash", "dspark"),
+            uses_target_lm_head=method == "dflash",
+        )
+
+    return ModelArch(
+        name=name,
+        model_type=str(cfg.top.get("model_type") or cfg.c.get("model_type") or "unknown"),
+        role=role,
+        num_layers=n_layers,
+        hidden_size=h,
+        vocab_size=vocab,
+        num_attention_heads=nq,
+        num_kv_heads=1 if uses_mla else nkv,
+        head_dim=(cfg.int("qk_nope_head_dim") + cfg.int("qk_rope_head_dim")) if uses_mla else hd,
+        num_full_attention_layers=kinds.count("full"),
+        num_sliding_attention_layers=kinds.count("sliding"),
+        sliding_window=window,
+        num_linear_attention_layers=kinds.count("linear"),
+        uses_mla=uses_mla,
+        params_total=int(params_total),
+        params_active=int(params_active),
+        params_embedding=int(embed),
+        params_lm_head=int(lm_params),
+        num_moe_layers=n_moe,
+        num_experts=n_experts if n_moe else 0,
+        experts_per_token=top_k if n_moe else 0,
+        num_shared_experts=n_shared,
+        params_per_expert=int(expert_linear + expert_other),
+        weight_precision=label_fmt,
+        compute_weight_dtype=expert_fmt if n_moe else dense_fmt,
+        bytes_per_param={"dense": b_dense, "expert": b_expert, "embedding": b_emb, "other": b_other},
+        weight_bytes_total=float(weight_bytes_total),
+        dense_weight_bytes=float(dense_weight_bytes),
+        expert_weight_bytes=float(expert_weight_bytes),
+        dense_flops_per_token=dense_flops,
+        expert_flops_per_token=expert_flops,
+        kv_dtype=kv_dtype.lower(),
+        kv_bytes_per_token=full_kv + sparse_kv + index_kv,
+        swa_kv_bytes_per_token=swa_kv,
+        state_bytes_per_seq=state,
+        attn_flops_per_token_per_ctx=full_flops + index_flops,
+        swa_attn_flops_per_token_per_ctx=swa_flops,
+        linear_attn_flops_per_token=lin_flops,
+        native_mtp_layers=n_mtp,
+        draft=draft,
+        source=source,
+        dense_weight_dtype=dense_fmt,
+        full_num_kv_heads=1 if uses_mla else full_nkv,
+        full_head_dim=(cfg.int("qk_nope_head_dim") + cfg.int("qk_rope_head_dim")) if uses_mla else full_hd,
+        num_sparse_attention_layers=sum(sparse_flags),
+        sparse_attention_tokens=sparse_tokens,
+        sparse_kv_bytes_per_token=sparse_kv,
+        index_kv_bytes_per_token=index_kv,
+        sparse_attn_flops_per_token_per_ctx=sparse_flops,
+        params_native_mtp=int(mtp_params),
+        mtp_kv_bytes_per_token=mtp_kv,
+        tied_embeddings=bool(tied and embed and lm_head_owned),
+        assumptions=tuple(assumptions),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Files
+# --------------------------------------------------------------------------------------------------
+
+def _configs_dir() -> Path:
+    return data_dir() / "model_configs"
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CapacityError(f"cannot read model config {path}: {exc.strerror}; check the path") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CapacityError(f"model config {path} is not valid JSON (line {exc.lineno}: {exc.msg}); "
+                            f"fix the file") from None
+    if not isinstance(data, dict):
+        raise CapacityError(f"model config {path} must hold a JSON object; pass a Hugging Face config.json")
+    return data
+
+
+@lru_cache(maxsize=None)
+def _shipped_index() -> tuple[dict[str, str], dict[str, str]]:
+    """(lower-cased hf_id / file stem / part after '/' -> file path, hf_id -> file path)."""
+    index: dict[str, str] = {}
+    by_id: dict[str, str] = {}
+    for path in sorted(_configs_dir().glob("*.json")):
+        hf_id = str(_read_json(path).get("hf_id") or path.stem.replace("__", "/", 1))
+        by_id[hf_id] = str(path)
+        for key in (hf_id, path.stem, hf_id.split("/")[-1]):
+            index.setdefault(key.lower(), str(path))
+    return index, by_id
+
+
+def _read_shipped(hf_id: str) -> tuple[Path, dict[str, Any]]:
+    path = Path(_shipped_index()[1][hf_id])
+    return path, _read_json(path)
+
+
+def _source_text(src: Any, file_name: str) -> str:
+    shipped = f"capacity/data/model_configs/{file_name}"
+    primary = src.get("primary") if isinstance(src, dict) else None
+    if isinstance(primary, dict):
+        if primary.get("repo"):
+            where = f"{primary['repo']}@{str(primary.get('commit', ''))[:12]}:{primary.get('path', '')}"
+        elif primary.get("url"):
+            where = primary["url"]
+        elif primary.get("index_file_id"):
+            where = f"search-index file id {primary['index_file_id']}"
+        else:
+            where = "see file"
+        return f"{where} (via {shipped})"
+    return shipped
+
+
+def _load_file(path: Path, weight_precision: str | None, kv_dtype: str) -> ModelArch:
+    data = _read_json(path)
+    if isinstance(data.get("config"), dict) and "hf_id" in data:      # shipped wrapper
+        return _build(data["config"], name=data["hf_id"], role=data.get("role"), label=str(path),
+                      source=_source_text(data.get("source"), path.name), wrapper=data,
+                      weight_precision=weight_precision, kv_dtype=kv_dtype)
+    name = data.get("_name_or_path") or (path.parent.name if path.name == "config.json" else path.stem)
+    return _build(data, name=str(name), role=None, label=str(path), source=str(path), wrapper=None,
+                  weight_precision=weight_precision, kv_dtype=kv_dtype)
+
+
+def load_model(name_or_path: str, weight_precision: str | None = None, kv_dtype: str = "bf16") -> ModelArch:
+    """A model by HF id ("Qwen/Qwen3-8B"), file stem ("Qwen__Qwen3-8B") or the part after "/"
+    ("Qwen3-8B"), case-insensitive; or the path of a Hugging Face config.json (or of its folder).
+
+    weight_precision None keeps the checkpoint's own format; otherwise see the module docstring for
+    which layers the override applies to. kv_dtype: "bf16" (2 B) or "fp8" (1 B) per cached value.
+    """
+    path = Path(str(name_or_path)).expanduser()
+    if path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    if path.is_file():
+        return _load_file(path, weight_precision, kv_dtype)
+    shipped = _shipped_index()[0].get(str(name_or_path).strip().lower())
+    if shipped is not None:
+        return _load_file(Path(shipped), weight_precision, kv_dtype)
+    if str(name_or_path).endswith(".json"):
+        raise CapacityError(f"model config file '{name_or_path}' does not exist; check the path")
+    known = ", ".join(sorted(_shipped_index()[1], key=str.lower))
+    raise CapacityError(f"unknown model '{name_or_path}'; known models: {known}; "
+                        f"or pass the path of a Hugging Face config.json")
+
+
+def list_models() -> list[ModelArch]:
+    """Every shipped model (targets and drafts) at its native precision and a bf16 KV cache."""
+    return [_load_file(p, None, "bf16") for p in sorted(_configs_dir().glob("*.json"))]

@@ -1,0 +1,247 @@
+"""Run one scenario: build the cluster from the scenario, drive the traffic, collect metrics.
+
+The path of a request: traffic.build_requests() gives it an arrival time and lengths; the
+Cluster's router hands it to a Replica (engine.py), whose steps are priced by StepCostModel
+(step_cost.py); when it finishes, metrics.summarize() turns the RequestTable into vLLM-bench
+statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from capacity import metrics
+from capacity.engine import EngineLimits, Replica, RequestTable
+from capacity.errors import CapacityError
+from capacity.hardware import GpuProfile, load_gpu
+from capacity.models import ModelArch, load_model
+from capacity.scenario import Scenario
+from capacity.speculation import NoSpeculation, Speculation
+from capacity.step_cost import StepCostModel
+from capacity.traffic import RequestStream, build_requests
+
+
+@dataclass
+class Deployed:
+    """Everything derived from a scenario before any request arrives."""
+
+    gpu: GpuProfile
+    model: ModelArch
+    cost: StepCostModel
+    limits: EngineLimits
+    kv_split: int
+    block_bytes: float
+    memory: dict[str, float]
+    speculation: Speculation
+
+    def kv_blocks_for(self, tokens: np.ndarray) -> np.ndarray:
+        per_gpu = self.model.kv_cache_bytes(tokens) / self.kv_split
+        return np.ceil(per_gpu / self.block_bytes).astype(np.int64)
+
+
+def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deployed:
+    """Load hardware and model, size the KV cache, and check the model fits."""
+    d, e = scenario.deployment, scenario.engine
+    gpu = load_gpu(d.gpu)
+    if d.gpu_overrides:
+        gpu = gpu.with_overrides(**d.gpu_overrides)
+    model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
+    tp = d.tensor_parallel_size
+    kv_split = 1 if model.uses_mla else tp
+    speculation = speculation or NoSpeculation()
+    extra_weights = getattr(speculation, "weight_bytes", 0.0)
+    weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
+    usable = gpu.hbm_capacity_gb * 1e9 * e.gpu_memory_utilization
+    kv_budget = usable - weights_per_gpu - e.activation_reserve_gb * 1e9
+    per_token = model.kv_bytes_per_token or model.swa_kv_bytes_per_token
+    block_bytes = e.block_size * per_token / kv_split
+    memory = {
+        "hbm_per_gpu_gb": gpu.hbm_capacity_gb,
+        "usable_per_gpu_gb": usable / 1e9,
+        "weights_per_gpu_gb": weights_per_gpu / 1e9,
+        "activation_reserve_per_gpu_gb": e.activation_reserve_gb,
+        "kv_cache_per_gpu_gb": max(kv_budget, 0) / 1e9,
+    }
+    where = f"{model.name} ({model.weight_precision}) on {tp}× {gpu.name}"
+    if kv_budget <= 0:
+        raise CapacityError(
+            f"{where} does not fit: {weights_per_gpu / 1e9:.1f} GB of weights per GPU vs "
+            f"{usable / 1e9:.1f} GB usable ({e.gpu_memory_utilization:.0%} of {gpu.hbm_capacity_gb:g} GB) minus "
+            f"{e.activation_reserve_gb:g} GB activations; raise deployment.tensor_parallel_size or use a smaller precision")
+    num_blocks = int(kv_budget // block_bytes)
+    limits = EngineLimits(
+        max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
+        block_size=e.block_size, num_gpu_blocks=num_blocks,
+        long_prefill_token_threshold=e.long_prefill_token_threshold,
+        enable_chunked_prefill=e.enable_chunked_prefill)
+    memory["kv_cache_tokens"] = num_blocks * e.block_size
+    cost = StepCostModel(gpu, model, tp)
+    return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
+
+
+class Cluster:
+    """Replicas behind a router; open-loop arrivals or a closed loop of `concurrency` users."""
+
+    def __init__(self, env: simpy.Environment, deployed: Deployed, stream: RequestStream,
+                 replicas: int, router: str, rng: np.random.Generator):
+        self.env = env
+        self.stream = stream
+        self.table = RequestTable(stream.prompt_tokens, stream.output_tokens, stream.arrival_s)
+        self.router = router
+        self._rr = 0
+        self._next = 0
+        self._done = 0
+        self.all_done = env.event()
+        rngs = rng.spawn(replicas)
+        self.replicas = [
+            Replica(env, i, self.table, deployed.cost, deployed.limits, deployed.kv_blocks_for,
+                    self._finished, rngs[i], deployed.speculation)
+            for i in range(replicas)]
+        if stream.concurrency is None:
+            env.process(self._open_loop())
+        else:
+            for _ in range(min(stream.concurrency, len(stream))):
+                self._dispatch_next()
+
+    def _pick(self) -> Replica:
+        if self.router == "round_robin":
+            r = self.replicas[self._rr % len(self.replicas)]
+            self._rr += 1
+            return r
+        return min(self.replicas, key=lambda r: r.outstanding)  # ties: lowest index
+
+    def _dispatch_next(self) -> None:
+        rid = self._next
+        self._next += 1
+        if self.stream.concurrency is not None:
+            self.table.arrival[rid] = self.env.now
+        self._pick().submit(rid)
+
+    def _open_loop(self):
+        arrivals = self.table.arrival
+        for rid in range(len(arrivals)):
+            wait = arrivals[rid] - self.env.now
+            if wait > 0:
+                yield self.env.timeout(wait)
+            self._dispatch_next()
+
+    def _finished(self, ids: np.ndarray) -> None:
+        self._done += len(ids)
+        if self.stream.concurrency is not None:
+            for _ in range(len(ids)):
+                if self._next < len(self.stream):
+                    self._dispatch_next()
+        if self._done >= len(self.stream) and not self.all_done.triggered:
+            self.all_done.succeed()
+
+
+@dataclass
+class SimulationResult:
+    scenario: Scenario
+    deployed: Deployed
+    requests: pd.DataFrame
+    metrics: dict[str, Any]
+    step_breakdown_s: dict[str, float]
+    num_steps: int
+    sim_time_s: float
+    wall_time_s: float
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def stable(self) -> bool:
+        return bool(self.metrics["stable"])
+
+    @property
+    def num_gpus(self) -> int:
+        d = self.scenario.deployment
+        return d.tensor_parallel_size * d.replicas
+
+
+def run(scenario: Scenario, speculation: Speculation | None = None,
+        stream: RequestStream | None = None) -> SimulationResult:
+    """Simulate a scenario. Deterministic for a given scenario (its seed included)."""
+    wall0 = time.perf_counter()
+    deployed = deploy(scenario, speculation)
+    seeds = np.random.SeedSequence(scenario.simulation.seed).spawn(2)
+    traffic_rng, engine_rng = np.random.default_rng(seeds[0]), np.random.default_rng(seeds[1])
+    if stream is None:
+        stream = build_requests(scenario.traffic, traffic_rng)
+    if len(stream) == 0:
+        raise CapacityError("the traffic produced no requests: set traffic.num_requests or traffic.duration_s")
+    longest = int((stream.prompt_tokens + stream.output_tokens).max())
+    need = int(deployed.kv_blocks_for(np.array([longest]))[0])
+    if need > deployed.limits.num_gpu_blocks:
+        raise CapacityError(
+            f"the KV cache holds {deployed.memory['kv_cache_tokens']:,} tokens per replica but a request needs {longest:,}: "
+            "raise deployment.tensor_parallel_size, engine.gpu_memory_utilization or shorten the requests")
+    env = simpy.Environment()
+    d = scenario.deployment
+    cluster = Cluster(env, deployed, stream, d.replicas, d.router, engine_rng)
+    open_loop = stream.concurrency is None
+    last_arrival = float(np.nanmax(stream.arrival_s)) if open_loop else 0.0
+    horizon = scenario.simulation.max_sim_time_s or (last_arrival * 1.5 + 300.0 if open_loop else None)
+    if horizon is None:
+        env.run(until=cluster.all_done)
+    else:
+        env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
+    requests = _request_frame(cluster, stream)
+    rec = [r.recorder for r in cluster.replicas]
+    itl = np.concatenate([c for r in rec for c in r.itl_chunks]) if any(r.itl_chunks for r in rec) else np.zeros(0)
+    # per-replica step series, merged in time order (statistics are per replica, time-weighted)
+    t_series = np.concatenate([np.asarray(r.t) for r in rec])
+    order = np.argsort(t_series, kind="stable")
+    series = {name: np.concatenate([np.asarray(getattr(r, name), dtype=float) for r in rec])[order]
+              for name in ("waiting", "running", "kv_used")}
+    run_info = metrics.RunInfo(
+        start_s=float(np.nanmin(cluster.table.arrival)),
+        end_s=float(env.now),
+        num_gpus=d.tensor_parallel_size * d.replicas,
+        offered_rate_rps=_offered_rate(stream) if open_loop else None,
+        arrival_window_end_s=last_arrival if open_loop else None,
+        t_s=t_series[order],
+        waiting=series["waiting"],
+        running=series["running"],
+        kv_used_fraction=series["kv_used"],
+    )
+    slos = metrics.parse_slos(scenario.slo) if scenario.slo else None
+    summary = metrics.summarize(requests, itl, run_info, slos)
+    breakdown: dict[str, float] = {}
+    for r in rec:
+        for k, v in r.parts.items():
+            breakdown[k] = breakdown.get(k, 0.0) + v
+    return SimulationResult(
+        scenario=scenario, deployed=deployed, requests=requests, metrics=summary,
+        step_breakdown_s=breakdown, num_steps=sum(r.num_steps for r in rec), sim_time_s=float(env.now),
+        wall_time_s=time.perf_counter() - wall0)
+
+
+def _offered_rate(stream: RequestStream) -> float:
+    a = stream.arrival_s
+    span = float(a.max() - a.min())
+    return (len(a) - 1) / span if span > 0 else float("inf")
+
+
+def _request_frame(cluster: Cluster, stream: RequestStream) -> pd.DataFrame:
+    t = cluster.table
+    return pd.DataFrame({
+        "request_id": np.arange(len(t)),
+        "class_name": np.asarray(stream.class_names, dtype=object)[stream.class_index] if stream.class_names else "",
+        "replica": t.replica,
+        "arrival_s": t.arrival,
+        "first_scheduled_s": t.first_scheduled,
+        "first_token_s": t.first_token,
+        "finish_s": t.finish,
+        "prompt_tokens": t.prompt,
+        "output_tokens": t.target,
+        "num_chunks": t.num_chunks,
+        "num_preemptions": t.num_preemptions,
+        "spec_drafted": t.spec_drafted,
+        "spec_accepted": t.spec_accepted,
+        "spec_steps": t.spec_steps,
+    })

@@ -1,0 +1,146 @@
+"""Time of one engine step: a roofline of one forward pass over a batch of scheduled tokens.
+
+A step is one vLLM engine iteration: every scheduled sequence contributes `new_tokens` (a prefill
+chunk, one decode token, or 1 + N verification tokens with speculative decoding) at a context
+that ends at `context_tokens`. The step time is the sum of per-component rooflines, each
+`max(FLOPs / (peak · gemm-efficiency), bytes / (HBM bandwidth · hbm-efficiency))`, plus the
+tensor-parallel all-reduces and a fixed CPU/launch overhead (modelling_notes §3.2, GenZ-style
+per-operator max). Draft work of speculative decoding is added by the caller as its own
+component, priced by the same `forward()` on the drafter's architecture.
+
+Work per GPU under tensor parallelism: weights, FLOPs and (GQA) KV heads are split over the TP
+ranks; an MLA latent cache has no heads to split, so every rank reads all of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from capacity.hardware import GpuProfile
+    from capacity.models import ModelArch
+
+COMPONENTS = ("dense_gemm", "moe_gemm", "attention", "allreduce", "overhead", "draft")
+
+ACTIVATION_BYTES = 2  # bf16 activations travel through the all-reduce
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """A step's time in seconds, by component (COMPONENTS). `total_s` is their sum."""
+
+    parts_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return float(sum(self.parts_s.values()))
+
+    def __add__(self, other: "StepTime") -> "StepTime":
+        keys = set(self.parts_s) | set(other.parts_s)
+        return StepTime({k: self.parts_s.get(k, 0.0) + other.parts_s.get(k, 0.0) for k in keys})
+
+
+def expected_distinct_experts(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
+    """Expected number of distinct experts a layer touches for `num_tokens` routed tokens.
+
+    Uniform routing: E · (1 − (1 − k/E)^n) (modelling_notes §3.1, [S21][S22]).
+    """
+    if num_experts <= 0 or num_tokens <= 0:
+        return 0.0
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
+
+
+@dataclass(frozen=True)
+class StepFeatures:
+    """What the step time depends on, per step (scalars, or arrays over many steps).
+
+    Recording features instead of times lets calibration re-price a recorded schedule with new
+    efficiency parameters without re-running the simulation (for a closed loop the schedule does
+    not depend on step durations).
+    """
+
+    num_tokens: np.ndarray | float      # tokens in the forward pass
+    num_seqs: np.ndarray | float        # sequences scheduled
+    num_sampled: np.ndarray | float     # positions that need logits
+    attn_flops: np.ndarray | float      # attention-score FLOPs, whole model (all TP ranks)
+    kv_read_bytes: np.ndarray | float   # KV bytes read, whole model
+
+
+class StepCostModel:
+    """Prices forward passes of one model on one GPU type at one tensor-parallel size."""
+
+    def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1):
+        self.gpu = gpu
+        self.model = model
+        self.tp = int(tensor_parallel_size)
+        self.efficiency = dict(gpu.efficiency)
+        self._peak_dense = gpu.peak_tflops(model.dense_weight_dtype) * 1e12
+        self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
+        self._peak_attn = gpu.peak_tflops("bf16") * 1e12
+        self._kv_split = 1 if model.uses_mla else self.tp
+        self._lm_head_flops = 2.0 * model.params_lm_head
+        self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
+
+    # ------------------------------------------------------------------ features
+    def features(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
+                 num_sampled: float | None = None) -> StepFeatures:
+        """new_tokens[i]: tokens sequence i contributes to this pass; context_tokens[i]: its context
+        length at the end of the pass (prompt + output tokens computed, including these)."""
+        new_tokens = np.asarray(new_tokens)
+        context_tokens = np.asarray(context_tokens)
+        n = len(new_tokens)
+        return StepFeatures(
+            num_tokens=float(new_tokens.sum()),
+            num_seqs=float(n),
+            num_sampled=float(n if num_sampled is None else num_sampled),
+            attn_flops=float(np.sum(self.model.attention_flops(new_tokens, context_tokens))) if n else 0.0,
+            kv_read_bytes=float(np.sum(self.model.kv_read_bytes(context_tokens))) if n else 0.0,
+        )
+
+    # ------------------------------------------------------------------ pricing
+    def time_parts(self, f: StepFeatures, efficiency: dict[str, float] | None = None,
+                   with_overhead: bool = True) -> dict[str, np.ndarray | float]:
+        """Seconds per component; works on scalars or on arrays of many steps."""
+        eff = self.efficiency if efficiency is None else efficiency
+        m, tp = self.model, self.tp
+        bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
+        n_tok = np.asarray(f.num_tokens, dtype=float)
+        dense_flops = self._dense_flops_per_token * n_tok + self._lm_head_flops * np.asarray(f.num_sampled, dtype=float)
+        parts: dict[str, np.ndarray | float] = {
+            "dense_gemm": np.maximum(dense_flops / (tp * self._peak_dense * eff["gemm"]),
+                                     m.dense_weight_bytes / (tp * bw)),
+        }
+        if m.num_moe_layers:
+            experts = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** n_tok)
+            parts["moe_gemm"] = np.maximum(
+                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"]),
+                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw))
+        parts["attention"] = np.maximum(
+            np.asarray(f.attn_flops, dtype=float) / (tp * self._peak_attn * eff["attention"]),
+            np.asarray(f.kv_read_bytes, dtype=float) / (self._kv_split * bw))
+        if tp > 1:
+            message = n_tok * m.hidden_size * ACTIVATION_BYTES
+            ring = 2.0 * (tp - 1) / tp
+            one = (self.gpu.scaleup_latency_us * 1e-6
+                   + ring * message / (self.gpu.scaleup_bandwidth_gb_s * 1e9 * eff["allreduce"]))
+            parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
+        if with_overhead:
+            parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
+                                 + eff["per_seq_overhead_us"] * 1e-6 * np.asarray(f.num_seqs, dtype=float))
+        return parts
+
+    def total_time(self, f: StepFeatures, efficiency: dict[str, float] | None = None) -> np.ndarray | float:
+        return sum(self.time_parts(f, efficiency).values())
+
+    def forward(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
+                num_sampled: float | None = None, with_overhead: bool = True) -> StepTime:
+        """Time of one forward pass, by component."""
+        parts = self.time_parts(self.features(new_tokens, context_tokens, num_sampled), with_overhead=with_overhead)
+        return StepTime({k: float(v) for k, v in parts.items()})
+
+    def step_time_s(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
+                    num_sampled: float | None = None) -> float:
+        return self.forward(new_tokens, context_tokens, num_sampled).total_s

@@ -1,0 +1,82 @@
+"""What `capacity simulate` prints and writes: a short human summary, a JSON payload, files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from capacity.simulate import SimulationResult
+
+
+def simulation_payload(result: SimulationResult) -> dict[str, Any]:
+    sc = result.scenario
+    return {
+        "scenario": sc.model_dump(mode="json"),
+        "stable": result.stable,
+        "num_gpus": result.num_gpus,
+        "metrics": result.metrics,
+        "memory": result.deployed.memory,
+        "step_breakdown_s": result.step_breakdown_s,
+        "simulation": {
+            "num_steps": result.num_steps,
+            "sim_time_s": result.sim_time_s,
+            "wall_time_s": result.wall_time_s,
+            "speed_x_real_time": result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else None,
+        },
+        **result.extras,
+    }
+
+
+def _lat(m: dict[str, Any], key: str) -> str:
+    s = m.get(key) or {}
+    vals = [s.get(q) for q in ("mean", "p50", "p90", "p99")]
+    return "  ".join(f"{v:9.1f}" if v is not None else f"{'-':>9}" for v in vals)
+
+
+def simulation_summary(result: SimulationResult) -> str:
+    sc, m = result.scenario, result.metrics
+    d = sc.deployment
+    dep = result.deployed
+    lines = [
+        f"Scenario   {sc.name}: {dep.model.name} ({dep.model.weight_precision}) on {d.replicas} × {d.tensor_parallel_size}× {dep.gpu.name}"
+        f" = {result.num_gpus} GPU(s); KV cache {dep.memory['kv_cache_tokens']:,} tokens per replica",
+    ]
+    if sc.speculative.method != "none":
+        lines.append(f"Speculation {sc.speculative.method}, N = {sc.speculative.num_speculative_tokens}")
+    verdict = "stable" if m["stable"] else "UNSTABLE (the queue grows without bound: numbers below are not steady-state)"
+    lines += [
+        f"Result     {verdict}; {m['completed']}/{m['num_requests']} requests in {m['duration_s']:.1f} s",
+        f"Throughput {m['request_throughput_rps']:.2f} req/s, {m['output_throughput_tok_s']:,.0f} output tok/s "
+        f"({m['output_throughput_tok_s_per_gpu']:,.0f} per GPU), {m['total_throughput_tok_s']:,.0f} total tok/s",
+        f"{'':10} {'mean':>9}  {'p50':>9}  {'p90':>9}  {'p99':>9}",
+        f"TTFT ms    {_lat(m, 'ttft_ms')}",
+        f"TPOT ms    {_lat(m, 'tpot_ms')}",
+        f"ITL ms     {_lat(m, 'itl_ms')}",
+        f"E2E ms     {_lat(m, 'e2e_ms')}",
+        f"Queue ms   {_lat(m, 'queue_delay_ms')}",
+        f"Per user   {m['tok_s_per_user']['p50']:.1f} tok/s (median request), {m['tok_s_per_user']['p10']:.1f} tok/s (p10)",
+        f"KV cache   mean {m['kv_utilisation']['mean']:.0%}, max {m['kv_utilisation']['max']:.0%}; preemptions {m['preemptions']}",
+    ]
+    total = sum(result.step_breakdown_s.values()) or 1.0
+    parts = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.step_breakdown_s.items(), key=lambda kv: -kv[1]) if v > 0)
+    lines.append(f"Step time  {parts}")
+    if m.get("slo"):
+        checks = "; ".join(
+            f"{s['slo']} → {'n/a' if s['achieved'] is None else format(s['achieved'], '.1f')} {'ok' if s['met'] else 'MISSED'}"
+            for s in m["slo"])
+        lines.append(f"SLOs       {checks}; goodput {m['goodput_rps'] or 0:.2f} req/s")
+    speed = result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else float("inf")
+    lines.append(f"Simulated  {result.sim_time_s:.0f} s of serving in {result.wall_time_s:.2f} s ({speed:,.0f}× real time, {result.num_steps:,} engine steps)")
+    return "\n".join(lines)
+
+
+def write_simulation(result: SimulationResult, payload: dict[str, Any], out: Path) -> None:
+    from capacity.cli import _clean, _json_default
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(_clean(payload), indent=2, default=_json_default))
+    result.requests.to_csv(out / "requests.csv", index=False)
+    (out / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))

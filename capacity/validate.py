@@ -1,0 +1,261 @@
+"""Predict measured serving rows with the simulator and report the error.
+
+A serving row (schema of serving_measurements.csv) becomes a scenario: the row's GPU, model,
+precision and TP; a closed loop of `concurrency_or_qps` users (InferenceX) or Poisson arrivals
+at `concurrency_or_qps` req/s; prompts and outputs uniform in [0.8, 1.0] × isl/osl (InferenceX's
+random dataset). Each modelled row is simulated and every measured column the simulator can
+produce gets a `predicted_<column>`; a row that cannot be modelled says why in `skipped`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from capacity.errors import CapacityError
+from capacity.paths import data_dir
+
+PREDICTED = ("output_tok_s_per_gpu", "total_tok_s_per_gpu", "tok_s_per_user", "ttft_ms", "tpot_ms", "e2e_ms")
+SERVING_REQUIRED = ("gpu", "model", "framework", "tp", "isl", "osl", "concurrency_or_qps", "load_type")
+PROMPTS_PER_USER = 10      # InferenceX runs 10 × concurrency prompts per point
+POISSON_REQUESTS = 400     # assumed for Poisson rows that do not state their prompt count
+PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
+              "mxfp8": "mxfp8", "nvfp4": "fp4"}
+
+
+def default_files() -> list[Path]:
+    return [data_dir() / "measurements" / "serving_vllm.csv"]
+
+
+@lru_cache(maxsize=1)
+def model_aliases() -> dict[str, str]:
+    return yaml.safe_load((data_dir() / "measurements" / "model_aliases.yaml").read_text()) or {}
+
+
+def read_measurements(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise CapacityError(f"measurement file {path} not found")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as e:  # pandas raises several types for a broken CSV
+        raise CapacityError(f"{path}: not a readable CSV ({e})") from None
+    missing = [c for c in SERVING_REQUIRED if c not in df.columns]
+    if missing:
+        raise CapacityError(f"{path}: not a serving measurement file, missing columns {', '.join(missing)} "
+                            f"(schema: see capacity/data/measurements/README.md)")
+    df.insert(0, "file", path.name)
+    df.insert(1, "row", np.arange(len(df)))
+    return df
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _is_true(v: Any) -> bool:
+    return str(v).strip().lower() in ("true", "1", "yes")
+
+
+def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) -> tuple[dict | None, str | None]:
+    """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled)."""
+    from capacity.hardware import load_gpu
+    from capacity.models import load_model
+
+    if "vllm" not in str(row.get("framework", "")).lower():
+        return None, f"framework '{row.get('framework')}' is not modelled (the simulator mimics vLLM v1)"
+    if _is_true(row.get("disagg")):
+        return None, "disaggregated prefill/decode serving is not modelled"
+    if _is_true(row.get("dp_attention")):
+        return None, "data-parallel attention is not modelled"
+    ep = _num(row.get("ep"))
+    if not math.isnan(ep) and ep > 1:
+        return None, "expert parallelism is not modelled (tensor parallelism only)"
+    if str(row.get("spec_method", "none")).strip().lower() not in ("", "none", "nan"):
+        return None, "speculative decoding rows are validated with the speculative model (issue 3)"
+    if not any(not math.isnan(_num(row.get(c))) for c in PREDICTED):
+        return None, "no measured column the simulator predicts"
+    try:
+        gpu = load_gpu(str(row["gpu"]))
+    except CapacityError:
+        return None, f"no hardware profile for GPU '{row['gpu']}'"
+    name = model_aliases().get(str(row["model"]), str(row["model"]))
+    precision = PRECISIONS.get(str(row.get("precision", "")).strip().lower())
+    try:
+        load_model(name, weight_precision=precision)
+    except CapacityError:
+        return None, f"unknown model '{row['model']}'"
+    tp, isl, osl, load = _num(row["tp"]), _num(row["isl"]), _num(row["osl"]), _num(row["concurrency_or_qps"])
+    if any(math.isnan(x) for x in (tp, isl, osl, load)):
+        return None, "tp, isl, osl or load not stated"
+    num_gpus = _num(row.get("num_gpus"))
+    replicas = int(round(num_gpus / tp)) if not math.isnan(num_gpus) and num_gpus > tp else 1
+    load_type = str(row["load_type"]).lower()
+    lengths = {
+        "input_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * isl))), "high": int(isl)},
+        "output_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * osl))), "high": int(osl)},
+    }
+    if "closed" in load_type or "concurrency" in load_type:
+        c = int(load)
+        traffic = {"arrival": {"process": "closed_loop", "concurrency": c}, "num_requests": prompts_per_user * c}
+    elif "poisson" in load_type:
+        traffic = {"arrival": {"process": "poisson", "rate_rps": load}, "num_requests": POISSON_REQUESTS}
+    else:
+        return None, f"load type '{row['load_type']}' is not modelled"
+    traffic["classes"] = [{"name": "random", **lengths}]
+    scenario = {
+        "name": f"{row.get('file', 'row')}:{row.get('row', '')}",
+        "deployment": {"gpu": gpu.name, "model": name, "precision": precision,
+                       "tensor_parallel_size": int(tp), "replicas": replicas},
+        "traffic": traffic,
+    }
+    return scenario, None
+
+
+def predict_row(row: dict[str, Any], gpu_overrides: dict | None = None,
+                prompts_per_user: int = PROMPTS_PER_USER) -> dict[str, Any]:
+    """Simulate one measured row; returns {predicted_<col>: value, ..., skipped: reason|None}."""
+    from capacity import scenario as scenario_mod, simulate
+
+    sc_dict, reason = row_scenario(row, prompts_per_user)
+    if sc_dict is None:
+        return {"skipped": reason}
+    if gpu_overrides:
+        sc_dict["deployment"]["gpu_overrides"] = gpu_overrides
+    try:
+        result = simulate.run(scenario_mod.from_dict(sc_dict, sc_dict["name"]))
+    except CapacityError as e:
+        return {"skipped": str(e)}
+    return {**prediction_from_metrics(result.metrics, row), "skipped": None, "stable": result.stable}
+
+
+def prediction_from_metrics(m: dict[str, Any], row: dict[str, Any]) -> dict[str, float]:
+    stat = "mean" if str(row.get("latency_stat", "median")).lower().startswith("mean") else "p50"
+    return {
+        "predicted_output_tok_s_per_gpu": m["output_throughput_tok_s_per_gpu"],
+        "predicted_total_tok_s_per_gpu": m["total_throughput_tok_s_per_gpu"],
+        "predicted_tok_s_per_user": m["tok_s_per_user_at_median_tpot"],
+        "predicted_ttft_ms": m["ttft_ms"][stat],
+        "predicted_tpot_ms": m["tpot_ms"][stat],
+        "predicted_e2e_ms": m["e2e_ms"][stat],
+    }
+
+
+def _predict_star(args):
+    return predict_row(*args)
+
+
+@dataclass
+class ValidationReport:
+    rows: pd.DataFrame
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        rows = self.rows.replace({np.nan: None}).to_dict(orient="records")
+        return {"rows": rows, "summary": self.summary}
+
+    def summary_text(self) -> str:
+        s = self.summary
+        lines = [f"Coverage: {s['modelled']} of {s['given']} rows modelled "
+                 f"({s['modelled'] / max(s['given'], 1):.0%}); skipped: "
+                 + ("; ".join(f"{n}× {r}" for r, n in s["skipped_reasons"].items()) or "none")]
+        lines.append("")
+        lines.append(f"{'gpu':8} {'model':42} {'metric':22} {'rows':>5} {'median APE':>11} {'p90 APE':>8}")
+        for g in s["by_gpu_model_metric"]:
+            lines.append(f"{g['gpu']:8} {g['model'][:42]:42} {g['metric']:22} {g['n']:5d} "
+                         f"{g['median_ape']:10.1%} {g['p90_ape']:8.1%}")
+        lines.append("")
+        lines.append("All modelled rows, by GPU:")
+        for g in s["by_gpu_metric"]:
+            lines.append(f"{g['gpu']:8} {g['metric']:22} {g['n']:5d} {g['median_ape']:10.1%} {g['p90_ape']:8.1%}")
+        return "\n".join(lines)
+
+
+def error_table(rows: pd.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
+    """Median and p90 absolute percentage error of every predicted column, grouped by `keys`."""
+    out = []
+    for metric in PREDICTED:
+        pcol = f"predicted_{metric}"
+        if pcol not in rows.columns:
+            continue
+        meas = pd.to_numeric(rows[metric], errors="coerce")
+        pred = pd.to_numeric(rows[pcol], errors="coerce")
+        ok = meas.notna() & pred.notna() & (meas > 0)
+        if not ok.any():
+            continue
+        sub = rows[ok].assign(ape=(pred[ok] - meas[ok]).abs() / meas[ok])
+        for key, grp in sub.groupby(keys) if keys else [((), sub)]:
+            key = key if isinstance(key, tuple) else (key,)
+            out.append({**dict(zip(keys, key)), "metric": metric, "n": int(len(grp)),
+                        "median_ape": float(grp.ape.median()), "p90_ape": float(grp.ape.quantile(0.9))})
+    return out
+
+
+def summarize(rows: pd.DataFrame) -> dict[str, Any]:
+    modelled = rows[rows["skipped"].isna()]
+    reasons = rows.loc[rows["skipped"].notna(), "skipped"].value_counts().to_dict()
+    return {
+        "given": int(len(rows)),
+        "modelled": int(len(modelled)),
+        "skipped_reasons": {str(k): int(v) for k, v in reasons.items()},
+        "by_gpu_model_metric": error_table(modelled, ["gpu", "model"]),
+        "by_gpu_metric": error_table(modelled, ["gpu"]),
+        "overall": error_table(modelled, []),
+    }
+
+
+def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None = None,
+        progress: bool = True, gpu_overrides: dict | None = None,
+        prompts_per_user: int = PROMPTS_PER_USER, rows: pd.DataFrame | None = None) -> ValidationReport:
+    if rows is None:
+        paths = [Path(f) for f in files] if files else default_files()
+        rows = pd.concat([read_measurements(p) for p in paths], ignore_index=True)
+    records = rows.to_dict(orient="records")
+    if max_rows is not None:
+        modelled = [i for i, r in enumerate(records) if row_scenario(r)[0] is not None][:max_rows]
+        records = [records[i] for i in modelled]
+        rows = rows.iloc[modelled].reset_index(drop=True)
+    jobs = [(r, gpu_overrides, prompts_per_user) for r in records]
+    results: list[dict[str, Any]] = []
+    workers = max(1, min(workers, os.cpu_count() or 1))
+    if workers == 1 or len(jobs) < 4:
+        for i, job in enumerate(jobs):
+            results.append(_predict_star(job))
+            _progress(progress, i + 1, len(jobs))
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for i, res in enumerate(pool.map(_predict_star, jobs, chunksize=1)):
+                results.append(res)
+                _progress(progress, i + 1, len(jobs))
+    if progress:
+        print(file=sys.stderr)
+    pred = pd.DataFrame(results, index=rows.index)
+    out = pd.concat([rows, pred], axis=1)
+    if "skipped" not in out.columns:
+        out["skipped"] = None
+    return ValidationReport(out, summarize(out))
+
+
+def _progress(enabled: bool, done: int, total: int) -> None:
+    if enabled:
+        print(f"\rvalidate: {done}/{total} rows", end="", file=sys.stderr, flush=True)
+
+
+def write(report: ValidationReport, out: Path) -> None:
+    import json
+
+    out.mkdir(parents=True, exist_ok=True)
+    report.rows.to_csv(out / "rows.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(report.summary, indent=2))
