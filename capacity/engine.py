@@ -93,6 +93,22 @@ class StepRecorder:
         self.num_steps = 0
         self.busy_s = 0.0
 
+    def add_run(self, ends: np.ndarray, durations: np.ndarray, running: int, kv_used: float,
+                parts: dict[str, float], features: StepFeatures, k: int) -> None:
+        """K identical-shape decode steps at once (see Replica._decode_run)."""
+        self.num_steps += k
+        self.busy_s += float(durations.sum())
+        self.t.extend(ends.tolist())
+        self.waiting.extend([0] * k)
+        self.running.extend([running] * k)
+        self.kv_used.extend([kv_used] * k)
+        self.batch_tokens.extend([running] * k)
+        self.draft_s.extend([0.0] * k)
+        self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist() for x in (
+            features.num_tokens, features.num_seqs, features.num_sampled, features.attn_flops, features.kv_read_bytes))))
+        for key, v in parts.items():
+            self.parts[key] = self.parts.get(key, 0.0) + v
+
     def add_step(self, t: float, dt: float, waiting: int, running: int, kv_used: float,
                  batch_tokens: int, cost: StepTime, features: StepFeatures) -> None:
         self.num_steps += 1
@@ -130,6 +146,9 @@ class Replica:
         self.free_blocks = limits.num_gpu_blocks
         self.recorder = StepRecorder()
         self._wakeup: simpy.Event | None = None
+        self._in_run = False
+        self.fast_forward = True
+        self.max_run_steps = 512
         self.process = env.process(self._run())
 
     # ------------------------------------------------------------------ entry
@@ -143,6 +162,9 @@ class Replica:
         self.waiting.append(request_id)
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
+        elif self._in_run:
+            self._in_run = False
+            self.process.interrupt("arrival")  # end the decode run after the step in progress
 
     def _run(self):
         env = self.env
@@ -155,6 +177,10 @@ class Replica:
             if len(ids) == 0:
                 raise RuntimeError("scheduler made no progress")  # guarded by the KV-fit check
             t = self.table
+            if (self.fast_forward and not self.waiting and len(ids) == len(self.running) and len(ids) > 0
+                    and not num_spec.any() and np.all(new_tokens == 1) and np.all(t.out[ids] >= 1)):
+                yield from self._decode_run(ids)
+                continue
             context_end = t.computed[ids] + new_tokens
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()))
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
@@ -165,6 +191,75 @@ class Replica:
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
                                    1.0 - self.free_blocks / self.limits.num_gpu_blocks,
                                    int(new_tokens.sum()), cost, features)
+
+    # ------------------------------------------------------------------ decode runs
+    def _decode_run(self, ids: np.ndarray):
+        """A run of identical decode steps, priced and applied at once.
+
+        When every running request is decoding and nobody waits, the next steps are fully
+        determined until a request finishes, the KV pool runs out or a request arrives: the
+        batch stays the same and each context grows by one token per step. This prices up to
+        `max_run_steps` such steps with one vectorised call and waits for them with one event.
+        An arrival interrupts the run; the step in progress completes, as in vLLM, and the
+        scheduler resumes after it. The first step's KV blocks were allocated by _schedule().
+        """
+        t, env = self.table, self.env
+        B = len(ids)
+        c0, o0, held = t.computed[ids], t.out[ids], t.blocks[ids]
+        remaining = t.target[ids] - o0                       # steps until each request finishes
+        K = int(min(self.max_run_steps, remaining.min()))
+        steps = np.arange(K)
+        ctx = c0[None, :] + 1 + steps[:, None]                # context at the end of step j (K × B)
+        if K > 1:
+            need = np.maximum(self.kv_blocks_for(ctx[1:].ravel()).reshape(K - 1, B) - held[None, :], 0).sum(axis=1)
+            fits = need <= self.free_blocks
+            if not fits.all():
+                K = 1 + int(np.argmin(fits))                  # stop before the step that would preempt
+                ctx = ctx[:K]
+        features = self.cost.decode_features(ctx)
+        parts = {k: np.broadcast_to(np.asarray(v, dtype=float), (K,)) for k, v in self.cost.time_parts(features).items()}
+        durations = sum(parts.values())
+        start = env.now
+        ends = start + np.cumsum(durations)
+        self._in_run = True
+        try:
+            yield env.timeout(ends[-1] - start)
+        except simpy.Interrupt:
+            done = int(np.searchsorted(ends, env.now, side="right"))
+            K = min(done + 1, K)                               # finish the step in progress
+            if ends[K - 1] > env.now:
+                yield env.timeout(ends[K - 1] - env.now)
+        self._in_run = False
+        ctx, ends, durations = ctx[:K], ends[:K], durations[:K]
+        features = StepFeatures(*(np.broadcast_to(np.asarray(x, dtype=float), (len(parts["overhead"] if "overhead" in parts else durations),))[:K]
+                                  for x in (features.num_tokens, features.num_seqs, features.num_sampled,
+                                            features.attn_flops, features.kv_read_bytes)))
+        # apply K steps
+        new_blocks = np.maximum(self.kv_blocks_for(ctx[-1]), held)
+        self.free_blocks -= int((new_blocks - held).sum())
+        t.blocks[ids] = new_blocks
+        t.computed[ids] = c0 + K
+        t.out[ids] = o0 + K
+        t.num_chunks[ids] += K
+        gaps = [ends[0] - t.last_emit[ids]]
+        if K > 1:
+            gaps.append(np.repeat(durations[1:], B))
+        self.recorder.itl_chunks.extend(gaps)
+        t.last_emit[ids] = ends[-1]
+        rec = self.recorder
+        first_step = rec.num_steps
+        rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks,
+                    {k: float(v[:K].sum()) for k, v in parts.items()},
+                    features, K)
+        done_mask = t.out[ids] >= t.target[ids]
+        if done_mask.any():
+            d_ids = ids[done_mask]
+            t.finish[d_ids] = ends[-1]
+            t.finish_step[d_ids] = first_step + K - 1
+            self.free_blocks += int(t.blocks[d_ids].sum())
+            t.blocks[d_ids] = 0
+            self.running = self.running[~np.isin(self.running, d_ids)]
+            self.on_finish(d_ids)
 
     # ------------------------------------------------------------------ schedule
     def _schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

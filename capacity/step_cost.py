@@ -100,6 +100,16 @@ class StepCostModel:
             kv_read_bytes=float(np.sum(self.model.kv_read_bytes(context_tokens))) if n else 0.0,
         )
 
+    def decode_features(self, context_tokens: np.ndarray) -> StepFeatures:
+        """Features of many pure-decode steps at once: context_tokens is (steps × sequences),
+        each sequence contributing one token per step."""
+        k, b = context_tokens.shape
+        m = self.model
+        return StepFeatures(
+            num_tokens=np.full(k, float(b)), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, float(b)),
+            attn_flops=m.attention_flops(np.ones_like(context_tokens), context_tokens).sum(axis=1),
+            kv_read_bytes=m.kv_read_bytes(context_tokens).sum(axis=1))
+
     # ------------------------------------------------------------------ pricing
     def time_parts(self, f: StepFeatures, efficiency: dict[str, float] | None = None,
                    with_overhead: bool = True) -> dict[str, np.ndarray | float]:

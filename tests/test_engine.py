@@ -23,8 +23,12 @@ class ConstantCost:
     def features(self, new_tokens, context_tokens, num_sampled=None):
         return StepFeatures(float(np.sum(new_tokens)), float(len(new_tokens)), float(len(new_tokens)), 0.0, 0.0)
 
+    def decode_features(self, ctx):
+        k, b = ctx.shape
+        return StepFeatures(np.full(k, float(b)), np.full(k, float(b)), np.full(k, float(b)), np.zeros(k), np.zeros(k))
+
     def time_parts(self, f):
-        return {"overhead": self.step_s}
+        return {"overhead": np.full(np.shape(f.num_tokens), self.step_s) if np.ndim(f.num_tokens) else self.step_s}
 
 
 class LinearCost(ConstantCost):
@@ -150,3 +154,31 @@ def test_same_inputs_same_result():
     a, _, _ = run_replica(*args, LinearCost(0.004, 1e-6), limits(num_gpu_blocks=3000))
     b, _, _ = run_replica(*args, LinearCost(0.004, 1e-6), limits(num_gpu_blocks=3000))
     assert np.array_equal(a.finish, b.finish) and np.array_equal(a.first_token, b.first_token)
+
+
+def test_decode_runs_equal_step_by_step_simulation():
+    """Fast-forwarding runs of identical decode steps must not change any result."""
+    from capacity import scenario, simulate
+
+    sc = scenario.from_dict({
+        "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+        "traffic": {"arrival": {"process": "poisson", "rate_rps": 8.0}, "num_requests": 150,
+                    "classes": [{"name": "c", "input_tokens": {"dist": "uniform", "low": 50, "high": 3000},
+                                 "output_tokens": {"dist": "uniform", "low": 1, "high": 400}}]},
+        "engine": {"max_num_batched_tokens": 1024},
+    })
+    fast = simulate.run(sc)
+    original = simulate.Replica.__init__
+
+    def slow_init(self, *a, **kw):
+        original(self, *a, **kw)
+        self.fast_forward = False
+
+    simulate.Replica.__init__ = slow_init
+    try:
+        slow = simulate.run(sc)
+    finally:
+        simulate.Replica.__init__ = original
+    for col in ("first_token_s", "finish_s", "num_chunks", "num_preemptions"):
+        np.testing.assert_allclose(fast.requests[col].to_numpy(float), slow.requests[col].to_numpy(float), rtol=1e-9)
+    assert fast.num_steps == slow.num_steps
