@@ -27,10 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
 
-EFFICIENCY_KEYS = ("gemm", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us")
+EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
+                   "layer_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
-FRACTION_EFFICIENCY_KEYS = ("gemm", "hbm", "attention", "allreduce")
+FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce")
 """The efficiency keys that are fractions in (0, 1]; the other two are overheads (>= 0)."""
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
@@ -77,6 +78,8 @@ _EXPECTED_UNIT = {
     "measured.allreduce_busbw_gb_s": "GB/s",
     "measured.flash_attention_tflops": "TFLOPS",
     "efficiency.gemm": "fraction",
+    "efficiency.moe": "fraction",
+    "efficiency.layer_overhead_us": "us",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
     "efficiency.allreduce": "fraction",
@@ -332,11 +335,13 @@ class _EfficiencyModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gemm: _LeafModel
+    moe: _LeafModel
     hbm: _LeafModel
     attention: _LeafModel
     allreduce: _LeafModel
     step_overhead_ms: _LeafModel
     per_seq_overhead_us: _LeafModel
+    layer_overhead_us: _LeafModel
 
 
 class _ProfileModel(BaseModel):
@@ -432,7 +437,8 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
         if group == "efficiency" and sub in FRACTION_EFFICIENCY_KEYS:
             if not 0.0 < value <= 1.0:
                 fail(key, f"must be a fraction in (0, 1], got {value:g}")
-        elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "scaleup_latency_us",
+        elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
+                     "scaleup_latency_us",
                      "cost_per_gpu_hour_usd"):
             if value < 0:
                 fail(key, f"must be >= 0, got {value:g}")

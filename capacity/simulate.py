@@ -151,7 +151,8 @@ class SimulationResult:
     num_steps: int
     sim_time_s: float
     wall_time_s: float
-    extras: dict[str, Any] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)   # extra JSON-able sections for the payload
+    cluster: Cluster | None = None                        # the simulated cluster (per-step records)
 
     @property
     def stable(self) -> bool:
@@ -218,7 +219,7 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
     return SimulationResult(
         scenario=scenario, deployed=deployed, requests=requests, metrics=summary,
         step_breakdown_s=breakdown, num_steps=sum(r.num_steps for r in rec), sim_time_s=float(env.now),
-        wall_time_s=time.perf_counter() - wall0)
+        wall_time_s=time.perf_counter() - wall0, cluster=cluster)
 
 
 def _offered_rate(stream: RequestStream) -> float:

@@ -126,8 +126,8 @@ class StepCostModel:
         if m.num_moe_layers:
             experts = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** n_tok)
             parts["moe_gemm"] = np.maximum(
-                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"]),
-                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw))
+                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * eff["moe"]),
+                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff["moe"]))
         parts["attention"] = np.maximum(
             np.asarray(f.attn_flops, dtype=float) / (tp * self._peak_attn * eff["attention"]),
             np.asarray(f.kv_read_bytes, dtype=float) / (self._kv_split * bw))
@@ -139,6 +139,7 @@ class StepCostModel:
             parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
         if with_overhead:
             parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
+                                 + eff["layer_overhead_us"] * 1e-6 * m.num_layers
                                  + eff["per_seq_overhead_us"] * 1e-6 * np.asarray(f.num_seqs, dtype=float))
         return parts
 
