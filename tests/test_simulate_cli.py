@@ -1,0 +1,102 @@
+"""End to end: scenario -> simulation -> metrics -> CLI, against independent truth."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from capacity import metrics, scenario, simulate
+from capacity.cli import main
+
+
+def small(**traffic) -> scenario.Scenario:
+    data = {
+        "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+        "traffic": {"arrival": {"process": "poisson", "rate_rps": 6.0}, "num_requests": 400,
+                    "classes": [{"name": "chat", "input_tokens": {"dist": "uniform", "low": 100, "high": 2000},
+                                 "output_tokens": {"dist": "uniform", "low": 20, "high": 300}}]},
+    }
+    data["traffic"].update(traffic)
+    return scenario.from_dict(data)
+
+
+def test_littles_law_holds():
+    res = simulate.run(small())
+    r = res.requests
+    t0, t1 = r.arrival_s.min(), r.finish_s.max()
+    lam = len(r) / (t1 - t0)
+    mean_e2e = (r.finish_s - r.arrival_s).mean()
+    assert metrics.mean_in_system(r, t0, t1) == pytest.approx(lam * mean_e2e, rel=0.02)
+
+
+def test_tokens_out_equal_tokens_requested():
+    res = simulate.run(small())
+    assert res.metrics["completed"] == 400
+    assert res.metrics["total_output_tokens"] == int(res.requests.output_tokens.sum())
+
+
+def test_zero_load_latencies_equal_the_step_model():
+    """One request alone: TTFT = one prefill step, TPOT = mean of its decode steps."""
+    sc = small(arrival={"process": "poisson", "rate_rps": 0.001}, num_requests=1,
+               classes=[{"name": "one", "input_tokens": {"dist": "fixed", "value": 1000},
+                         "output_tokens": {"dist": "fixed", "value": 50}}])
+    res = simulate.run(sc)
+    cost = res.deployed.cost
+    prefill = cost.step_time_s(np.array([1000]), np.array([1000]))
+    decode = [cost.step_time_s(np.array([1]), np.array([1000 + i])) for i in range(1, 50)]
+    r = res.requests.iloc[0]
+    assert r.first_token_s - r.arrival_s == pytest.approx(prefill, rel=1e-9)
+    assert (r.finish_s - r.first_token_s) / 49 == pytest.approx(np.mean(decode), rel=1e-9)
+
+
+def test_overload_is_reported_unstable():
+    res = simulate.run(small(arrival={"process": "poisson", "rate_rps": 400.0}, num_requests=3000))
+    assert not res.stable
+
+
+def test_same_seed_same_bytes(capsys):
+    args = ["simulate", "--json", "--set", "traffic.num_requests=60"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert main(args) == 0
+    second = json.loads(capsys.readouterr().out)
+    for part in ("metrics", "stable", "num_gpus", "scenario"):
+        assert json.loads(first)[part] == second[part]
+    assert {"metrics", "stable", "num_gpus", "scenario"} <= second.keys()
+    assert set(second["metrics"]["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
+
+
+@pytest.mark.parametrize("args, words", [
+    (["simulate", "--set", "deployment.tensor_paralel_size=2"], "unknown key"),
+    (["simulate", "--set", "deployment.gpu=A100"], "unknown GPU"),
+    (["simulate", "--set", "deployment.model=nope/none"], "unknown model"),
+    (["simulate", "--set", "traffic.arrival.rate_rps=-1"], "rate_rps"),
+    (["simulate", "--set", "deployment.model=meta-llama/Llama-3.1-405B"], "does not fit"),
+    (["simulate", "no/such/scenario.yaml"], "not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err and "Traceback" not in err
+
+
+def test_hardware_and_models_listings(capsys):
+    assert main(["hardware", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert {g["name"] for g in gpus} >= {"MI300X", "MI325X", "MI355X", "H100", "H200", "B200"}
+    assert main(["models"]) == 0
+    assert "meta-llama/Llama-3.1-8B" in capsys.readouterr().out
+
+
+def test_validate_on_shipped_rows(capsys):
+    """The validation command runs on the shipped measurements and predicts every measured column."""
+    assert main(["validate", "--max-rows", "3", "--json", "--quiet", "--workers", "1"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["summary"]["modelled"] == 3
+    row = out["rows"][0]
+    assert row["skipped"] is None
+    for col in ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms"):
+        if row[col] not in ("", None):
+            assert row[f"predicted_{col}"] > 0
