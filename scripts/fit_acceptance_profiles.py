@@ -306,10 +306,11 @@ def build() -> dict:
             "rule": ("draft_sampling 'probabilistic' at T > 0 multiplies every conditional rate by the factor "
                      "of the method (default 1.0)"),
             "dflash": {
-                "value": 0.21, "basis": "assumed (derived)",
+                "value": 0.206, "basis": "assumed (derived)",
                 "source": ("z-lab/dflash PR #169 (DFlash on MLX): tau 1.16 with independent per-position sampling "
-                           "vs 2.96 with argmax drafts [S17]; 0.21 is the ratio of the i.i.d. acceptance rates "
-                           "that give these tau at N = 7..15 (0.14 / 0.66)")},
+                           "vs 2.96 with argmax drafts [S17]; under an i.i.d. model these tau need acceptance rates "
+                           "0.138 vs 0.677 at N = 7 (ratio 0.204) and 0.138 vs 0.663 at N = 15 (ratio 0.208); "
+                           "0.206 is the mean ratio")},
             "dspark": {
                 "value": 1.0, "basis": "literature",
                 "source": ("InferenceX golden AL distribution kimik3_dspark_probabilistic_sample_method_"
