@@ -656,6 +656,24 @@ class SpeculativeDecoding:
     def sample_accepted(self, ids: np.ndarray, num_spec: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.acceptance.sample(ids, num_spec, rng), dtype=np.int64)
 
+    @property
+    def supports_runs(self) -> bool:
+        """Decode runs can be fast-forwarded when acceptance keeps no per-request state (sampling
+        several steps ahead then costs nothing in fidelity)."""
+        from capacity.acceptance import _Stateless
+
+        return isinstance(self.acceptance, _Stateless)
+
+    def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
+        return np.asarray(self.acceptance.sample_steps(ids, num_spec, num_steps, rng), dtype=np.int64)
+
+    def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
+                         num_spec: int) -> np.ndarray:
+        if num_spec <= 0:
+            return np.zeros(np.shape(target_tokens))
+        return np.asarray(self.draft_cost.time_s(np.full(np.shape(target_tokens), num_seqs), target_tokens,
+                                                 context_sum, num_spec), dtype=float)
+
 
 def _as_dict(cfg: Any) -> dict[str, Any]:
     if cfg is None:

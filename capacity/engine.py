@@ -94,7 +94,7 @@ class StepRecorder:
         self.busy_s = 0.0
 
     def add_run(self, ends: np.ndarray, durations: np.ndarray, running: int, kv_used: float,
-                parts: dict[str, float], features: StepFeatures, k: int) -> None:
+                parts: dict[str, float], features: StepFeatures, k: int, draft_s: np.ndarray) -> None:
         """K identical-shape decode steps at once (see Replica._decode_run)."""
         self.num_steps += k
         self.busy_s += float(durations.sum())
@@ -102,8 +102,8 @@ class StepRecorder:
         self.waiting.extend([0] * k)
         self.running.extend([running] * k)
         self.kv_used.extend([kv_used] * k)
-        self.batch_tokens.extend([running] * k)
-        self.draft_s.extend([0.0] * k)
+        self.batch_tokens.extend(np.asarray(features.num_tokens, dtype=int).tolist())
+        self.draft_s.extend(np.asarray(draft_s, dtype=float).tolist())
         self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist() for x in (
             features.num_tokens, features.num_seqs, features.num_sampled, features.attn_flops, features.kv_read_bytes))))
         for key, v in parts.items():
@@ -177,9 +177,11 @@ class Replica:
             if len(ids) == 0:
                 raise RuntimeError("scheduler made no progress")  # guarded by the KV-fit check
             t = self.table
-            if (self.fast_forward and not self.waiting and len(ids) == len(self.running) and len(ids) > 0
-                    and not num_spec.any() and np.all(new_tokens == 1) and np.all(t.out[ids] >= 1)):
-                yield from self._decode_run(ids)
+            k = int(num_spec[0]) if len(num_spec) else 0
+            if (self.fast_forward and self.spec.supports_runs and not self.waiting and len(ids) == len(self.running)
+                    and len(ids) > 0 and np.all(num_spec == k) and np.all(new_tokens == 1 + k)
+                    and np.all(t.out[ids] >= 1) and np.all(t.computed[ids] == t.prompt[ids] + t.out[ids] - 1)):
+                yield from self._decode_run(ids, k)
                 continue
             context_end = t.computed[ids] + new_tokens
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()))
@@ -193,12 +195,13 @@ class Replica:
                                    int(new_tokens.sum()), cost, features)
 
     # ------------------------------------------------------------------ decode runs
-    def _decode_run(self, ids: np.ndarray):
-        """A run of identical decode steps, priced and applied at once.
+    def _decode_run(self, ids: np.ndarray, k: int):
+        """A run of identical-shape decode steps, priced and applied at once.
 
-        When every running request is decoding and nobody waits, the next steps are fully
-        determined until a request finishes, the KV pool runs out or a request arrives: the
-        batch stays the same and each context grows by one token per step. This prices up to
+        When every running request is decoding (1 + k tokens each) and nobody waits, the next
+        steps are fully determined until a request finishes, the KV pool runs out or a request
+        arrives: the batch stays the same and each context grows by the tokens the step emits
+        (1 + accepted drafts, drawn ahead with the acceptance model). This prices up to
         `max_run_steps` such steps with one vectorised call and waits for them with one event.
         An arrival interrupts the run; the step in progress completes, as in vLLM, and the
         scheduler resumes after it. The first step's KV blocks were allocated by _schedule().
@@ -206,18 +209,26 @@ class Replica:
         t, env = self.table, self.env
         B = len(ids)
         c0, o0, held = t.computed[ids], t.out[ids], t.blocks[ids]
-        remaining = t.target[ids] - o0                       # steps until each request finishes
+        remaining = t.target[ids] - o0
         K = int(min(self.max_run_steps, remaining.min()))
-        steps = np.arange(K)
-        ctx = c0[None, :] + 1 + steps[:, None]                # context at the end of step j (K × B)
+        accepted = self.spec.sample_steps(ids, k, K, self.rng) if k else np.zeros((K, B), dtype=np.int64)
+        emitted = np.cumsum(accepted + 1, axis=0)                   # tokens out by the end of step j (uncapped)
+        finishing = emitted >= remaining[None, :]
+        K = int(min(K, np.argmax(finishing.any(axis=1)) + 1 if finishing.any() else K))
+        accepted, emitted = accepted[:K], emitted[:K]
+        before = c0[None, :] + np.vstack([np.zeros((1, B), dtype=np.int64), emitted[:-1]])  # computed before step j
+        ctx = before + 1 + k                                        # context at the end of step j
         if K > 1:
-            need = np.maximum(self.kv_blocks_for(ctx[1:].ravel()).reshape(K - 1, B) - held[None, :], 0).sum(axis=1)
+            look = self.spec.lookahead_tokens(k)
+            need = np.maximum(self.kv_blocks_for((ctx[1:] + look).ravel()).reshape(K - 1, B) - held[None, :], 0).sum(axis=1)
             fits = need <= self.free_blocks
             if not fits.all():
-                K = 1 + int(np.argmin(fits))                  # stop before the step that would preempt
-                ctx = ctx[:K]
-        features = self.cost.decode_features(ctx)
-        parts = {k: np.broadcast_to(np.asarray(v, dtype=float), (K,)) for k, v in self.cost.time_parts(features).items()}
+                K = 1 + int(np.argmin(fits))                       # stop before the step that would preempt
+                accepted, emitted, ctx = accepted[:K], emitted[:K], ctx[:K]
+        features = self.cost.decode_features(ctx, 1 + k)
+        parts = {key: np.broadcast_to(np.asarray(v, dtype=float), (K,)) for key, v in self.cost.time_parts(features).items()}
+        if k:
+            parts["draft"] = self.spec.draft_time_steps(B, features.num_tokens, ctx.sum(axis=1).astype(float), k)
         durations = sum(parts.values())
         start = env.now
         ends = start + np.cumsum(durations)
@@ -226,21 +237,26 @@ class Replica:
             yield env.timeout(ends[-1] - start)
         except simpy.Interrupt:
             done = int(np.searchsorted(ends, env.now, side="right"))
-            K = min(done + 1, K)                               # finish the step in progress
+            K = min(done + 1, K)                                     # finish the step in progress
             if ends[K - 1] > env.now:
                 yield env.timeout(ends[K - 1] - env.now)
         self._in_run = False
-        ctx, ends, durations = ctx[:K], ends[:K], durations[:K]
-        features = StepFeatures(*(np.broadcast_to(np.asarray(x, dtype=float), (len(parts["overhead"] if "overhead" in parts else durations),))[:K]
-                                  for x in (features.num_tokens, features.num_seqs, features.num_sampled,
-                                            features.attn_flops, features.kv_read_bytes)))
+        accepted, emitted, ctx, ends, durations = accepted[:K], emitted[:K], ctx[:K], ends[:K], durations[:K]
+        parts = {key: v[:K] for key, v in parts.items()}
+        features = StepFeatures(*(np.asarray(x)[:K] for x in (
+            features.num_tokens, features.num_seqs, features.num_sampled, features.attn_flops, features.kv_read_bytes)))
         # apply K steps
-        new_blocks = np.maximum(self.kv_blocks_for(ctx[-1]), held)
+        look = self.spec.lookahead_tokens(k)
+        new_blocks = np.maximum(self.kv_blocks_for(ctx[-1] + look), held)
         self.free_blocks -= int((new_blocks - held).sum())
         t.blocks[ids] = new_blocks
-        t.computed[ids] = c0 + K
-        t.out[ids] = o0 + K
+        t.computed[ids] = c0 + emitted[-1]
+        t.out[ids] = np.minimum(o0 + emitted[-1], t.target[ids])
         t.num_chunks[ids] += K
+        if k:
+            t.spec_drafted[ids] += k * K
+            t.spec_accepted[ids] += accepted.sum(axis=0)
+            t.spec_steps[ids] += K
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
             gaps.append(np.repeat(durations[1:], B))
@@ -249,8 +265,8 @@ class Replica:
         rec = self.recorder
         first_step = rec.num_steps
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                    {k: float(v[:K].sum()) for k, v in parts.items()},
-                    features, K)
+                    {key: float(v.sum()) for key, v in parts.items()}, features, K,
+                    parts.get("draft", np.zeros(K)))
         done_mask = t.out[ids] >= t.target[ids]
         if done_mask.any():
             d_ids = ids[done_mask]
@@ -271,7 +287,7 @@ class Replica:
         if len(run):
             known = t.prompt[run] + t.out[run]
             decoding = t.computed[run] == known - 1
-            k = self.spec.num_spec_tokens(len(run)) if decoding.any() else 0
+            k = self.spec.num_spec_tokens(len(run), float(t.computed[run].mean())) if decoding.any() else 0
             spec = np.where(decoding, k, 0)
             need = known + spec - t.computed[run]
             if lim.long_prefill_token_threshold > 0:

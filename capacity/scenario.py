@@ -57,6 +57,7 @@ class Speculative(_Strict):
     draft: str | None = None
     acceptance: dict[str, Any] | None = None
     policy: dict[str, Any] | None = None
+    overrides: dict[str, Any] | None = Field(None, description="method cost parameters, e.g. {draft_pass_overhead_us: 80}")
 
 
 class Simulation(_Strict):

@@ -41,7 +41,7 @@ class Deployed:
     speculation: Speculation
 
     def kv_blocks_for(self, tokens: np.ndarray) -> np.ndarray:
-        per_gpu = self.model.kv_cache_bytes(tokens) / self.kv_split
+        per_gpu = (self.model.kv_cache_bytes(tokens) + self.speculation.extra_kv_cache_bytes(tokens)) / self.kv_split
         return np.ceil(per_gpu / self.block_bytes).astype(np.int64)
 
 
@@ -54,12 +54,15 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
     tp = d.tensor_parallel_size
     kv_split = 1 if model.uses_mla else tp
-    speculation = speculation or NoSpeculation()
-    extra_weights = getattr(speculation, "weight_bytes", 0.0)
+    if speculation is None:
+        from capacity.drafting import build_speculation
+
+        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp)
+    extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
     usable = gpu.hbm_capacity_gb * 1e9 * e.gpu_memory_utilization
     kv_budget = usable - weights_per_gpu - e.activation_reserve_gb * 1e9
-    per_token = model.kv_bytes_per_token or model.swa_kv_bytes_per_token
+    per_token = (model.kv_bytes_per_token or model.swa_kv_bytes_per_token) + speculation.extra_kv_bytes_per_token
     block_bytes = e.block_size * per_token / kv_split
     memory = {
         "hbm_per_gpu_gb": gpu.hbm_capacity_gb,

@@ -100,14 +100,15 @@ class StepCostModel:
             kv_read_bytes=float(np.sum(self.model.kv_read_bytes(context_tokens))) if n else 0.0,
         )
 
-    def decode_features(self, context_tokens: np.ndarray) -> StepFeatures:
-        """Features of many pure-decode steps at once: context_tokens is (steps × sequences),
-        each sequence contributing one token per step."""
+    def decode_features(self, context_tokens: np.ndarray, tokens_per_seq: int = 1) -> StepFeatures:
+        """Features of many decode steps at once: context_tokens is (steps × sequences), each
+        sequence contributing `tokens_per_seq` tokens per step (1 + N when verifying N drafts)."""
         k, b = context_tokens.shape
         m = self.model
+        n = float(b * tokens_per_seq)
         return StepFeatures(
-            num_tokens=np.full(k, float(b)), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, float(b)),
-            attn_flops=m.attention_flops(np.ones_like(context_tokens), context_tokens).sum(axis=1),
+            num_tokens=np.full(k, n), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, n),
+            attn_flops=m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens).sum(axis=1),
             kv_read_bytes=m.kv_read_bytes(context_tokens).sum(axis=1))
 
     # ------------------------------------------------------------------ pricing

@@ -23,7 +23,7 @@ class ConstantCost:
     def features(self, new_tokens, context_tokens, num_sampled=None):
         return StepFeatures(float(np.sum(new_tokens)), float(len(new_tokens)), float(len(new_tokens)), 0.0, 0.0)
 
-    def decode_features(self, ctx):
+    def decode_features(self, ctx, tokens_per_seq=1):
         k, b = ctx.shape
         return StepFeatures(np.full(k, float(b)), np.full(k, float(b)), np.full(k, float(b)), np.zeros(k), np.zeros(k))
 
