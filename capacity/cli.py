@@ -58,6 +58,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.seed is not None:
         sc.simulation.seed = args.seed
     result = simulate.run(sc)
+    if sc.speculative.method != "none" and sc.speculative.num_speculative_tokens > 0 and not args.no_compare:
+        # the same traffic (same seed) without speculation, to show what speculation changes
+        baseline = simulate.run(sc.model_copy(update={"speculative": scenario_mod.Speculative()}))
+        result.extras["without_speculation"] = {"metrics": baseline.metrics, "stable": baseline.stable}
+        result.comparison = baseline
     payload = summary.simulation_payload(result)
     if args.out:
         summary.write_simulation(result, payload, Path(args.out))
@@ -112,6 +117,21 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_methods(args: argparse.Namespace) -> int:
+    from capacity.drafting import methods_table
+
+    table = methods_table()
+    if args.json:
+        print_json(table)
+        return 0
+    for m in table:
+        print(f"{m['name']:12} {m['label']}: {m['description']}")
+        print(f"{'':12} cost per step: {m['cost_structure']}")
+        print(f"{'':12} lookahead: {m['lookahead']}; N: {m['max_num_speculative_tokens']}")
+    print("\nfull details, parameters and sources: capacity methods --json, capacity/data/methods.yaml")
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from capacity import validate
 
@@ -150,6 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a scenario value, e.g. --set deployment.replicas=4 (repeatable)")
     s.add_argument("--out", help="write result.json, requests.csv and the resolved scenario here")
     s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--no-compare", action="store_true",
+                   help="with speculation on, do not also simulate the same traffic without it")
     s.set_defaults(func=cmd_simulate)
 
     h = sub.add_parser("hardware", help="list GPU profiles")
@@ -159,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list model architectures")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=cmd_models)
+
+    me = sub.add_parser("methods", help="list speculative-decoding drafting methods and their cost structure")
+    me.add_argument("--json", action="store_true")
+    me.set_defaults(func=cmd_methods)
 
     v = sub.add_parser("validate", help="predict measured rows and report the error")
     v.add_argument("measurements", nargs="*", help="measurement CSV files (default: the shipped calibration rows)")

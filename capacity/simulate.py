@@ -156,6 +156,7 @@ class SimulationResult:
     wall_time_s: float
     extras: dict[str, Any] = field(default_factory=dict)   # extra JSON-able sections for the payload
     cluster: Cluster | None = None                        # the simulated cluster (per-step records)
+    comparison: "SimulationResult | None" = None          # the same traffic without speculation
 
     @property
     def stable(self) -> bool:

@@ -68,9 +68,39 @@ def simulation_summary(result: SimulationResult) -> str:
             f"{s['slo']} → {'n/a' if s['achieved'] is None else format(s['achieved'], '.1f')} {'ok' if s['met'] else 'MISSED'}"
             for s in m["slo"])
         lines.append(f"SLOs       {checks}; goodput {m['goodput_rps'] or 0:.2f} req/s")
+    if result.comparison is not None:
+        lines += ["", comparison_table(result.comparison, result)]
     speed = result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else float("inf")
     lines.append(f"Simulated  {result.sim_time_s:.0f} s of serving in {result.wall_time_s:.2f} s ({speed:,.0f}× real time, {result.num_steps:,} engine steps)")
     return "\n".join(lines)
+
+
+def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
+    """Side by side: the same traffic without and with speculative decoding."""
+    sp = on.scenario.speculative
+    rows = [
+        ("output tok/s per GPU", "output_throughput_tok_s_per_gpu", None, "{:,.0f}"),
+        ("TTFT p50 / p99 ms", "ttft_ms", ("p50", "p99"), "{:,.0f}"),
+        ("TPOT p50 / p90 ms", "tpot_ms", ("p50", "p90"), "{:.1f}"),
+        ("E2E p50 / p90 ms", "e2e_ms", ("p50", "p90"), "{:,.0f}"),
+        ("tok/s per user p50 / p10", "tok_s_per_user", ("p50", "p10"), "{:.1f}"),
+        ("goodput req/s", "goodput_rps", None, "{:.2f}"),
+    ]
+
+    def cell(m, key, stats, fmt):
+        v = m.get(key)
+        if stats:
+            vals = [v.get(s) if v else None for s in stats]
+            return " / ".join("-" if x is None else fmt.format(x) for x in vals)
+        return "-" if v is None else fmt.format(v)
+
+    out = [f"{'Speculative decoding effect':28} {'without':>22} {f'{sp.method} N={sp.num_speculative_tokens}':>22}"]
+    for label, key, stats, fmt in rows:
+        out.append(f"{label:28} {cell(off.metrics, key, stats, fmt):>22} {cell(on.metrics, key, stats, fmt):>22}")
+    r = on.requests
+    if r.spec_steps.sum():
+        out.append(f"{'mean accepted length':28} {'1.00':>22} {1 + r.spec_accepted.sum() / r.spec_steps.sum():>22.2f}")
+    return "\n".join(out)
 
 
 def write_simulation(result: SimulationResult, payload: dict[str, Any], out: Path) -> None:

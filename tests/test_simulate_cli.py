@@ -57,7 +57,7 @@ def test_overload_is_reported_unstable():
 
 
 def test_same_seed_same_bytes(capsys):
-    args = ["simulate", "--json", "--set", "traffic.num_requests=60"]
+    args = ["simulate", "--json", "--set", "traffic.num_requests=60"]  # default: speculation on + comparison
     assert main(args) == 0
     first = capsys.readouterr().out
     assert main(args) == 0
@@ -73,7 +73,7 @@ def test_same_seed_same_bytes(capsys):
     (["simulate", "--set", "deployment.gpu=A100"], "unknown GPU"),
     (["simulate", "--set", "deployment.model=nope/none"], "unknown model"),
     (["simulate", "--set", "traffic.arrival.rate_rps=-1"], "rate_rps"),
-    (["simulate", "--set", "deployment.model=meta-llama/Llama-3.1-405B"], "does not fit"),
+    (["simulate", "--set", "deployment.model=meta-llama/Llama-3.1-405B", "--set", "speculative.method=none"], "does not fit"),
     (["simulate", "no/such/scenario.yaml"], "not found"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
