@@ -34,11 +34,15 @@ from capacity.hardware import EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profil
 from capacity.step_cost import StepCostModel, StepFeatures
 
 FITTED_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-               "layer_overhead_us")
+               "layer_overhead_us", "request_overhead_ms")
 BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
           "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
-          "layer_overhead_us": (0.0, 2000.0)}
+          "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
+# A second, neutral starting point for the fit (least squares on a roofline has local minima):
+# mid-range efficiencies and small overheads. Not a prior: the better of the two fits is kept.
+NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
+                 "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0}
 
 
 @dataclass
@@ -103,6 +107,10 @@ class Repricer:
         multi = out > 1
         tpot = (finish[multi] - first[multi]) / (out[multi] - 1) * 1e3
         duration = ends[-1]
+        # the serving-stack delay before a request reaches the scheduler adds to TTFT and E2E; the
+        # small shift it causes in which step a request joins is ignored here (the DES models it)
+        delay = efficiency["request_overhead_ms"] * 1e-3
+        first, finish = first + delay, finish + delay
         stat = np.mean if str(r.row.get("latency_stat", "median")).lower().startswith("mean") else np.median
         tpot_stat = float(stat(tpot))
         return {
@@ -157,11 +165,16 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss)."""
     if not pricers:
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
-    x0 = np.array([min(max(start[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
     lo = np.array([BOUNDS[k][0] for k in keys])
     hi = np.array([BOUNDS[k][1] for k in keys])
-    sol = least_squares(_residuals, x0, bounds=(lo, hi), args=(keys, start, pricers), loss="soft_l1", f_scale=0.1,
-                        x_scale=np.maximum(x0, 1e-3))
+    best = None
+    for origin in (start, NEUTRAL_START):
+        x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
+        sol = least_squares(_residuals, x0, bounds=(lo, hi), args=(keys, start, pricers), loss="soft_l1",
+                            f_scale=0.1, x_scale=np.maximum(x0, 1e-2))
+        if best is None or sol.cost < best.cost:
+            best = sol
+    sol = best
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})
     return fitted

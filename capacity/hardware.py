@@ -28,7 +28,7 @@ from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
 
 EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-                   "layer_overhead_us")
+                   "layer_overhead_us", "request_overhead_ms")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
 FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce")
@@ -80,6 +80,7 @@ _EXPECTED_UNIT = {
     "efficiency.gemm": "fraction",
     "efficiency.moe": "fraction",
     "efficiency.layer_overhead_us": "us",
+    "efficiency.request_overhead_ms": "ms",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
     "efficiency.allreduce": "fraction",
@@ -342,6 +343,7 @@ class _EfficiencyModel(BaseModel):
     step_overhead_ms: _LeafModel
     per_seq_overhead_us: _LeafModel
     layer_overhead_us: _LeafModel
+    request_overhead_ms: _LeafModel
 
 
 class _ProfileModel(BaseModel):
@@ -438,6 +440,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
             if not 0.0 < value <= 1.0:
                 fail(key, f"must be a fraction in (0, 1], got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
+                     "efficiency.request_overhead_ms",
                      "scaleup_latency_us",
                      "cost_per_gpu_hour_usd"):
             if value < 0:

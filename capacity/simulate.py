@@ -101,6 +101,8 @@ class Cluster:
         self._next = 0
         self._done = 0
         self.all_done = env.event()
+        # serving-stack time before a sent request reaches a scheduler (HTTP, tokenisation)
+        self.request_delay_s = deployed.gpu.efficiency["request_overhead_ms"] * 1e-3
         rngs = rng.spawn(replicas)
         self.replicas = [
             Replica(env, i, self.table, deployed.cost, deployed.limits, deployed.kv_blocks_for,
@@ -120,16 +122,20 @@ class Cluster:
         return min(self.replicas, key=lambda r: r.outstanding)  # ties: lowest index
 
     def _dispatch_next(self) -> None:
+        """Send the next request (closed loop: now; open loop: called at arrival + request delay)."""
         rid = self._next
         self._next += 1
         if self.stream.concurrency is not None:
             self.table.arrival[rid] = self.env.now
+            if self.request_delay_s > 0:
+                self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev, rid=rid: self._pick().submit(rid))
+                return
         self._pick().submit(rid)
 
     def _open_loop(self):
         arrivals = self.table.arrival
         for rid in range(len(arrivals)):
-            wait = arrivals[rid] - self.env.now
+            wait = arrivals[rid] + self.request_delay_s - self.env.now
             if wait > 0:
                 yield self.env.timeout(wait)
             self._dispatch_next()
