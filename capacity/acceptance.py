@@ -625,7 +625,7 @@ def validate_rates(rates: Sequence[float] | np.ndarray, basis: str = "conditiona
 def _profiles() -> dict:
     path = data_dir() / _PROFILE_FILE
     with path.open() as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def load_profiles() -> dict:

@@ -75,6 +75,21 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from capacity import plan
+
+    result = plan.run(args.scenario, args.set, workers=args.workers, progress=not args.json)
+    if args.out:
+        plan.write(result, Path(args.out))
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(plan.summary_text(result))
+        if args.out:
+            print(f"\nwrote {args.out}/plan.json, recommended.yaml, one_fewer_replica.yaml")
+    return 0
+
+
 def cmd_hardware(args: argparse.Namespace) -> int:
     from capacity.hardware import list_gpus
 
@@ -174,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with speculation on, do not also simulate the same traffic without it")
     s.set_defaults(func=cmd_simulate)
 
+    pl = sub.add_parser("plan", help="how many GPUs, which ones, with which speculative decoding (default scenario)")
+    pl.add_argument("scenario", nargs="?", help="scenario YAML with a plan section (default: default)")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pl.add_argument("--workers", type=int, default=None)
+    pl.add_argument("--out", help="write plan.json, recommended.yaml, one_fewer_replica.yaml and evidence here")
+    pl.add_argument("--json", action="store_true")
+    pl.set_defaults(func=cmd_plan)
+
     h = sub.add_parser("hardware", help="list GPU profiles")
     h.add_argument("--json", action="store_true")
     h.set_defaults(func=cmd_hardware)
@@ -204,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=cmd_calibrate)
+
+    from capacity.sweep import add_sweep_parser
+
+    add_sweep_parser(sub)
+
+    from capacity.report import add_report_parser
+
+    add_report_parser(sub)
     return p
 
 

@@ -134,7 +134,7 @@ def _text(entry: Mapping[str, Any], key: str, where: str, required: bool = True)
 def _load_methods(path: str) -> tuple[DraftMethod, ...]:
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = yaml.load(fh, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except OSError as exc:
         raise CapacityError(f"cannot read {path}: {exc.strerror}; reinstall capacity") from None
     except yaml.YAMLError as exc:
@@ -671,8 +671,8 @@ class SpeculativeDecoding:
                          num_spec: int) -> np.ndarray:
         if num_spec <= 0:
             return np.zeros(np.shape(target_tokens))
-        return np.asarray(self.draft_cost.time_s(np.full(np.shape(target_tokens), num_seqs), target_tokens,
-                                                 context_sum, num_spec), dtype=float)
+        seqs = np.broadcast_to(np.asarray(num_seqs, dtype=float), np.shape(target_tokens))
+        return np.asarray(self.draft_cost.time_s(seqs, target_tokens, context_sum, num_spec), dtype=float)
 
 
 def _as_dict(cfg: Any) -> dict[str, Any]:

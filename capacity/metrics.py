@@ -379,9 +379,10 @@ def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
       has mean 2.3 in system), so a fitted rise below 5 is noise;
     * 25 % of the mean: a stable system's in-system count fluctuates around its mean, a
       fitted rise by a quarter of it across half a window is a trend, not noise;
-    * 95 % throughput: requests still in flight when arrivals stop make the completion rate
-      lag the offered rate by L/window (a few % for short runs); a server that truly keeps up
-      is within 5 %, an overloaded one falls short by (lambda - mu)/lambda.  Requiring both
+    * 95 % throughput: completions in the window plus the mean in-system count L of its second
+      half (the requests a stable server still holds when arrivals stop), per second; a server
+      that truly keeps up is within 5 % of the offered rate, an overloaded one falls short by
+      (lambda - mu)/lambda.  Requiring both
       criteria keeps a short transient (growth that the server still absorbs) from being
       called unstable;
     * 1 % unfinished: a drained stable run leaves none; a horizon cut leaves about L of N.
@@ -423,7 +424,9 @@ def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
         mean_l = mean_in_system(requests, mid, t1)
         growth_limit = max(MIN_GROWTH_REQUESTS, GROWTH_FRACTION_OF_MEAN * mean_l)
         done_in_window = int(np.sum((finish >= t0) & (finish <= t1)))
-        throughput = done_in_window / (t1 - t0)
+        # requests still in flight at the end of the window are not a deficit: a stable server
+        # holds about its mean in-system count L then, so credit L (Little's law) before comparing
+        throughput = (done_in_window + mean_l) / (t1 - t0)
         frac = throughput / run.offered_rate_rps
         grows = growth > growth_limit
         lags = frac < MIN_THROUGHPUT_FRACTION

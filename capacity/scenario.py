@@ -74,6 +74,7 @@ class Scenario(_Strict):
     traffic: TrafficConfig
     slo: str | None = Field(None, description="e.g. 'ttft:p99<1s;tpot:p90<40ms'")
     simulation: Simulation = Field(default_factory=Simulation)
+    plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/plan.py)")
 
 
 def resolve_path(name_or_path: str | None) -> Path:

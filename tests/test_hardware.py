@@ -178,7 +178,7 @@ def test_measured_efficiencies_are_measurement_over_spec(name, key):
     record = profile.provenance[f"efficiency.{key}"]
     if record.basis == "fitted":
         # calibrated on serving rows: the measured ratio it replaced is kept in the note
-        assert f"previous value {MEASURED_RATIOS[(name, key)]:.4f}"[:-1] in record.note
+        assert f"before calibration: {MEASURED_RATIOS[(name, key)]:.4f}"[:-1] in record.note
         return
     assert profile.efficiency[key] == pytest.approx(MEASURED_RATIOS[(name, key)], rel=1e-3)
     assert record.basis.startswith("measured")
@@ -210,10 +210,12 @@ def test_compute_dtype_rules():
     # No FP4 units on CDNA3: MXFP4 weights are dequantized and the GEMM runs in bf16 (weight-only).
     assert mi300x.compute_dtype("mxfp4") == "bf16"
     assert mi300x.peak_tflops("mxfp4") == 1307.4
-    assert mi355x.compute_dtype("mxfp4") == "fp4"
-    assert mi355x.peak_tflops("mxfp4") == 10066
-    assert b200.compute_dtype("nvfp4") == "fp4"
-    assert h100.compute_dtype("nvfp4") == "bf16"
+    # MXFP4 checkpoints are served weight-only (w4a16, assumed; see compute_dtype); w4a4 runs in fp4.
+    assert mi355x.compute_dtype("mxfp4") == "bf16"
+    assert mi355x.compute_dtype("w4a4") == "fp4"
+    assert mi355x.peak_tflops("w4a4") == 10066
+    assert b200.compute_dtype("nvfp4_w4a4") == "fp4"
+    assert h100.compute_dtype("w4a4") == "bf16"
     assert mi355x.compute_dtype("mxfp6") == "fp6"
     assert h100.compute_dtype("fp6") == "bf16"
     for gpu in (mi300x, mi355x, h100, b200):
@@ -358,8 +360,8 @@ def test_with_overrides_replaces_values_and_records_provenance():
     assert base.efficiency["gemm"] == load_gpu("MI300X").efficiency["gemm"]  # the original is untouched
     # Adding an FP4 peak changes how MXFP4 weights run.
     with_fp4 = base.with_overrides(peak_dense_tflops={"fp4": 5000})
-    assert with_fp4.compute_dtype("mxfp4") == "fp4"
-    assert with_fp4.peak_tflops("mxfp4") == 5000
+    assert with_fp4.compute_dtype("w4a4") == "fp4"
+    assert with_fp4.peak_tflops("w4a4") == 5000
 
 
 @pytest.mark.parametrize(

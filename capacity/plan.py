@@ -1,0 +1,423 @@
+"""`capacity plan`: how many GPUs, which ones, with which speculative decoding, for a traffic and SLOs.
+
+For every candidate (GPU × tensor-parallel size × speculation setting × engine limits) the
+planner finds the highest request rate one replica sustains within the SLOs, then the replicas
+needed for the target rate with the stated headroom, and ranks candidates by GPU count, then by
+$/hour. Two stages keep it fast:
+
+1. Analytic bracket (all candidates): a mean-value model of continuous batching built on the same
+   step cost model as the simulator. At rate λ a replica holds B decoding requests; each needs
+   O / E[τ] steps (E[τ] tokens per step with speculation), so by Little's law
+   B = λ · (O / E[τ]) · t(B), where t(B) is the step time with B decodes plus the prefill tokens
+   arriving per step (λ · P · t). The largest λ with a fixed point whose TPOT (t / E[τ]) and TTFT
+   (about one step with a prefill chunk plus queueing) meet the SLOs, and whose KV fits, is the
+   analytic estimate.
+2. Simulation (the best candidates): a short discrete-event bisection around the estimate gives
+   the sustained rate; the winner is confirmed by simulating the whole cluster at the target rate,
+   and with one replica fewer, which must miss an SLO (else the answer was not minimal and the
+   planner steps down).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity.errors import CapacityError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SpecOption(_Strict):
+    method: str = "none"
+    num_speculative_tokens: list[int] | int = 0
+    draft: str | None = None
+    acceptance: dict[str, Any] | None = None
+    policy: dict[str, Any] | None = None
+
+
+class SearchSpace(_Strict):
+    gpu: list[str] = Field(default_factory=lambda: ["MI300X", "MI355X"])
+    tensor_parallel_size: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    speculative: list[SpecOption] = Field(default_factory=lambda: [SpecOption()])
+    max_num_seqs: list[int] | None = None
+    max_num_batched_tokens: list[int] | None = None
+
+
+class PlanConfig(_Strict):
+    target_rate_rps: float = Field(gt=0, description="requests per second the cluster must serve")
+    headroom: float = Field(0.2, ge=0, le=4, description="plan for target × (1 + headroom)")
+    search: SearchSpace = Field(default_factory=SearchSpace)
+    simulate_top: int = Field(6, ge=1, description="candidates confirmed with the simulator")
+    requests_per_probe: int = Field(300, ge=50)
+    max_replicas: int = Field(256, ge=1)
+
+
+@dataclass
+class Candidate:
+    gpu: str
+    tensor_parallel_size: int
+    method: str
+    num_speculative_tokens: int
+    engine: dict[str, int]
+    spec: dict[str, Any]
+    feasible: bool = True
+    reason: str | None = None
+    analytic_rate_rps: float = 0.0
+    max_rate_per_replica_rps: float = 0.0
+    simulated: bool = False
+    replicas: int = 0
+    total_gpus: int = 0
+    cost_per_hour_usd: float = 0.0
+    cost_per_gpu_hour_usd: float = 0.0
+
+    @property
+    def label(self) -> str:
+        n = f" N={self.num_speculative_tokens}" if self.method != "none" else ""
+        return f"{self.gpu} TP{self.tensor_parallel_size} {self.method}{n}"
+
+    def row(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("spec",)}
+        d["label"] = self.label
+        return d
+
+
+def expand(space: SearchSpace) -> list[Candidate]:
+    engines = [dict(zip(("max_num_seqs", "max_num_batched_tokens"), combo)) for combo in itertools.product(
+        space.max_num_seqs or [None], space.max_num_batched_tokens or [None])]
+    engines = [{k: v for k, v in e.items() if v is not None} for e in engines]
+    out = []
+    for gpu, tp, opt, eng in itertools.product(space.gpu, space.tensor_parallel_size, space.speculative, engines):
+        ns = opt.num_speculative_tokens if isinstance(opt.num_speculative_tokens, list) else [opt.num_speculative_tokens]
+        if opt.method == "none":
+            ns = [0]
+        for n in ns:
+            spec = {"method": opt.method, "num_speculative_tokens": n, "draft": opt.draft,
+                    "acceptance": opt.acceptance, "policy": opt.policy}
+            out.append(Candidate(gpu, tp, opt.method, n, eng, spec))
+    if not out:
+        raise CapacityError("plan.search is empty: list at least one GPU, TP size and speculative option")
+    return out
+
+
+def candidate_scenario(base: dict[str, Any], c: Candidate, rate: float, replicas: int = 1,
+                       num_requests: int | None = None) -> dict[str, Any]:
+    sc = copy.deepcopy(base)
+    sc.pop("plan", None)
+    sc["deployment"].update({"gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size, "replicas": replicas})
+    sc.setdefault("engine", {}).update(c.engine)
+    sc["speculative"] = {k: v for k, v in c.spec.items() if v is not None}
+    sc["traffic"]["arrival"] = {"process": "poisson", "rate_rps": float(rate)}
+    if num_requests:
+        sc["traffic"]["num_requests"] = int(num_requests)
+        sc["traffic"].pop("duration_s", None)
+    return sc
+
+
+# ---------------------------------------------------------------------------------------------- analytic
+def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: float, mean_output: float,
+                      p99_prompt: float | None = None) -> float:
+    """Largest λ (req/s per replica) whose mean-value steady state meets the latency SLOs.
+
+    Parametrised by the decode batch B instead of λ: with S = O / E[τ] steps per request, the
+    prefill tokens per step are B·P/S whatever λ is, the step time is t(B) = step(B decodes,
+    B·P/S prefill tokens) and Little's law gives λ(B) = B / (S · t(B)). One vectorised pass over a
+    grid of B prices every candidate batch at once.
+    """
+    from capacity import scenario as scenario_mod, simulate
+    from capacity.step_cost import StepFeatures
+
+    sc = scenario_mod.from_dict(scenario_dict, "plan candidate")
+    dep = simulate.deploy(sc)
+    cost, spec, m = dep.cost, dep.speculation, dep.model
+    k = sc.speculative.num_speculative_tokens if sc.speculative.method != "none" else 0
+    acc = getattr(spec, "acceptance", None)
+    tau = float(acc.expected_tokens(k)) if (acc is not None and k) else 1.0
+    budget = float(sc.engine.max_num_batched_tokens)
+    kv_tokens = dep.memory["kv_cache_tokens"]
+    ctx = mean_prompt + mean_output / 2.0
+    tpot_limit = min((s.threshold for s in slos if s.metric == "tpot" and s.op == "<"), default=math.inf) / 1e3
+    ttft_limit = min((s.threshold for s in slos if s.metric == "ttft" and s.op == "<"), default=math.inf) / 1e3
+    user_min = max((s.threshold for s in slos if s.metric == "tok_s_per_user" and s.op == ">"), default=0.0)
+    if user_min > 0:
+        tpot_limit = min(tpot_limit, 1.0 / user_min)
+    steps_per_request = mean_output / tau
+    b = np.unique(np.round(np.geomspace(1, max(sc.engine.max_num_seqs, 1), 48)))
+    decode_attn = float(m.attention_flops(np.array([1.0 + k]), np.array([ctx + 1 + k]))[0])
+    decode_kv = float(m.kv_read_bytes(np.array([ctx + 1 + k]))[0])
+
+    def step(prefill: np.ndarray) -> np.ndarray:
+        """Step time with b decoding requests and `prefill` prompt tokens in the same step."""
+        chunk = np.maximum(prefill, 1.0)
+        pre_ctx = np.maximum(mean_prompt, chunk)
+        has = prefill > 0
+        f = StepFeatures(num_tokens=b * (1 + k) + prefill, num_seqs=b + has, num_sampled=b * (1 + k) + has,
+                         attn_flops=b * decode_attn + has * m.attention_flops(chunk, pre_ctx),
+                         kv_read_bytes=b * decode_kv + has * m.kv_read_bytes(pre_ctx))
+        t = np.asarray(cost.total_time(f), dtype=float)
+        if k:
+            t = t + spec.draft_time_steps(b, f.num_tokens, b * ctx, k)
+        return t
+
+    # New prompts arrive q = B / S per step. Below one per step, a step either carries a whole
+    # prompt or none (decode steps are memory-bound, prompt steps compute-bound: they do not
+    # overlap), so the mean step is the mix of the two; above one, prompts share steps.
+    q = b / steps_per_request
+    t_decode, t_prompt = step(np.zeros_like(b)), step(np.minimum(np.full_like(b, mean_prompt), budget))
+    t_many = step(np.minimum(q * mean_prompt, budget))
+    t = np.where(q <= 1.0, (1.0 - q) * t_decode + q * t_prompt, t_many)
+    lam = b / (steps_per_request * t)
+    tpot = t / tau
+    # TTFT p99: a long (p99) prompt waits for the step in progress, then needs its own step(s),
+    # inflated by queueing behind other prompts (M/D/1-like 1/(1 − ρ), ρ = share of time in prompt
+    # steps). A bracket for the simulator, not a prediction.
+    p99 = float(p99_prompt or mean_prompt)
+    room = np.maximum(budget - b * (1 + k), 1.0)
+    t_long = step(np.minimum(np.full_like(b, p99), room)) * np.ceil(p99 / room)
+    rho = np.minimum(q * t_prompt / t, 0.99)
+    ttft = (0.5 * t + t_long) / (1.0 - rho)
+    ok = ((tpot <= tpot_limit) & (ttft <= ttft_limit) & (b * (mean_prompt + mean_output) <= kv_tokens)
+          & (q * mean_prompt < budget))
+    return float(lam[ok].max()) if ok.any() else 0.0
+
+
+# ---------------------------------------------------------------------------------------------- simulation
+def _simulate(scenario_dict: dict[str, Any]) -> dict[str, Any]:
+    from capacity import scenario as scenario_mod, simulate, summary
+
+    try:
+        res = simulate.run(scenario_mod.from_dict(scenario_dict, "plan candidate"))
+    except CapacityError as e:
+        return {"error": str(e)}
+    m = res.metrics
+    return {"ok": bool(m.get("slo_met")) and res.stable, "stable": res.stable, "metrics": m,
+            "payload": summary.simulation_payload(res), "requests": res.requests}
+
+
+def _probe(args) -> tuple[int, float, bool]:
+    idx, scenario_dict, rate = args
+    r = _simulate(scenario_dict)
+    return idx, rate, bool(r.get("ok"))
+
+
+@dataclass
+class PlanResult:
+    recommendation: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    evidence: dict[str, Any]
+    recommended_scenario: dict[str, Any]
+    one_fewer_scenario: dict[str, Any] | None
+    evidence_requests: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"recommendation": self.recommendation, "candidates": self.candidates, "evidence": self.evidence,
+                "wall_time_s": self.wall_time_s}
+
+
+def _progress(enabled: bool, text: str) -> None:
+    if enabled:
+        print(f"\rplan: {text}\033[K", end="", file=sys.stderr, flush=True)
+
+
+def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
+        progress: bool = True) -> PlanResult:
+    from capacity import metrics, scenario as scenario_mod, traffic
+    import yaml
+
+    t0 = time.perf_counter()
+    path = scenario_mod.resolve_path(scenario_name)
+    base = scenario_mod.apply_overrides(yaml.safe_load(path.read_text()) or {}, overrides or [])
+    if "plan" not in base:
+        raise CapacityError(f"{path}: no plan section: add plan: {{target_rate_rps: ..., search: ...}} (see scenarios/default.yaml)")
+    try:
+        cfg = PlanConfig.model_validate(base["plan"])
+    except Exception as e:  # pydantic ValidationError -> one line
+        raise CapacityError(f"{path}: plan: {str(e).splitlines()[0]} ({str(e).splitlines()[-1].strip()})") from None
+    sc0 = scenario_mod.from_dict({k: v for k, v in base.items() if k != "plan"}, str(path))
+    if not sc0.slo:
+        raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
+    slos = metrics.parse_slos(sc0.slo)
+    stream = traffic.build_requests(sc0.traffic, np.random.default_rng(0))
+    mean_prompt, mean_output = float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean())
+    p99_prompt = float(np.percentile(stream.prompt_tokens, 99))
+    target = cfg.target_rate_rps * (1 + cfg.headroom)
+    cands = expand(cfg.search)
+    workers = max(1, min(workers or os.cpu_count() or 1, 8))
+
+    # stage 1: analytic bracket for every candidate
+    from capacity.hardware import load_gpu
+
+    for i, c in enumerate(cands):
+        _progress(progress, f"analytic bracket {i + 1}/{len(cands)}")
+        try:
+            c.cost_per_gpu_hour_usd = load_gpu(c.gpu).cost_per_gpu_hour_usd
+            c.analytic_rate_rps = analytic_max_rate(candidate_scenario(base, c, 1.0), slos, mean_prompt, mean_output,
+                                                    p99_prompt)
+        except CapacityError as e:
+            c.feasible, c.reason = False, str(e)
+            continue
+        if c.analytic_rate_rps <= 0:
+            c.feasible, c.reason = False, "cannot meet the SLOs even at a trickle of traffic"
+        else:
+            c.max_rate_per_replica_rps = c.analytic_rate_rps
+            _size(c, target, cfg.max_replicas)
+    feasible = [c for c in cands if c.feasible]
+    if not feasible:
+        reasons = sorted({c.reason for c in cands if c.reason})
+        raise CapacityError(f"no candidate meets the SLOs: {reasons[0] if reasons else 'none feasible'}; "
+                            "widen plan.search (more GPUs/TP) or relax the slo")
+
+    # stage 2: simulate the best few (by analytic GPU count, then cost) with a short bisection
+    feasible.sort(key=lambda c: (c.total_gpus, c.cost_per_hour_usd, -c.analytic_rate_rps))
+    # simulate the best of each (GPU, TP, method) family, so that the shortlist is diverse
+    top, seen = [], set()
+    for c in feasible:
+        key = (c.gpu, c.tensor_parallel_size, c.method)
+        if key not in seen:
+            seen.add(key)
+            top.append(c)
+        if len(top) == cfg.simulate_top:
+            break
+    factors = (0.4, 0.6, 0.8, 1.0)
+    jobs = [(i, candidate_scenario(base, c, c.analytic_rate_rps * f, num_requests=cfg.requests_per_probe),
+             c.analytic_rate_rps * f) for i, c in enumerate(top) for f in factors]
+    results: dict[int, list[tuple[float, bool]]] = {}
+    done = 0
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for idx, rate, ok in pool.map(_probe, jobs):
+            results.setdefault(idx, []).append((rate, ok))
+            done += 1
+            _progress(progress, f"simulating candidates {done}/{len(jobs)}")
+    for i, c in enumerate(top):
+        ok_rates = [r for r, ok in results.get(i, []) if ok]
+        c.simulated = True
+        if ok_rates:
+            c.max_rate_per_replica_rps = max(ok_rates)
+            _size(c, target, cfg.max_replicas)
+        else:
+            c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
+    ranked = sorted([c for c in cands if c.feasible],
+                    key=lambda c: (not c.simulated, c.total_gpus, c.cost_per_hour_usd))
+    if not ranked or not ranked[0].simulated:
+        raise CapacityError("no candidate met the SLOs in simulation; relax the slo or widen plan.search")
+    best = ranked[0]
+
+    # stage 3: confirm with the whole cluster at the target rate, and with one replica fewer
+    n_conf = max(cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
+    replicas = best.replicas
+    evidence: dict[str, Any] = {}
+    for _ in range(8):
+        _progress(progress, f"confirming {best.label} × {replicas} replicas")
+        at = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf))
+        if at.get("ok"):
+            fewer = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf)) if replicas > 1 else None
+            if fewer is not None and fewer.get("ok"):
+                replicas -= 1  # not minimal: step down and confirm again
+                continue
+            evidence = {"recommended": at, "one_fewer_replica": fewer}
+            break
+        replicas += 1
+    else:
+        raise CapacityError(f"could not confirm {best.label} at {cfg.target_rate_rps} req/s within 8 adjustments")
+    best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
+    best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
+    if progress:
+        print(file=sys.stderr)
+    m = evidence["recommended"]["metrics"]
+    out_tok_s = m["output_throughput_tok_s"] or 0.0
+    rec = {
+        **best.row(),
+        "target_rate_rps": cfg.target_rate_rps, "headroom": cfg.headroom,
+        "cost_per_million_output_tokens_usd": best.cost_per_hour_usd / (out_tok_s * 3600) * 1e6 if out_tok_s else None,
+        "slo": m.get("slo"), "slo_met": m.get("slo_met"),
+        "one_fewer_replica_slo_met": (evidence["one_fewer_replica"] or {}).get("metrics", {}).get("slo_met"),
+        "without_speculation": _best_of(ranked, "none"),
+    }
+    rec_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf)
+    fewer_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf) if replicas > 1 else None
+    ev_json = {k: (v or {}).get("payload") for k, v in evidence.items()}
+    ev_req = {k: (v or {}).get("requests") for k, v in evidence.items() if v}
+    return PlanResult(rec, [c.row() for c in ranked] + [c.row() for c in cands if not c.feasible], ev_json,
+                      rec_sc, fewer_sc, ev_req, time.perf_counter() - t0)
+
+
+def _best_of(ranked: list[Candidate], method: str) -> dict[str, Any] | None:
+    for c in ranked:
+        if c.method == method and c.simulated:
+            return {"label": c.label, "total_gpus": c.total_gpus, "cost_per_hour_usd": c.cost_per_hour_usd}
+    for c in ranked:
+        if c.method == method:
+            return {"label": c.label, "total_gpus": c.total_gpus, "cost_per_hour_usd": c.cost_per_hour_usd,
+                    "note": "analytic estimate (not simulated)"}
+    return None
+
+
+def _size(c: Candidate, target: float, max_replicas: int) -> None:
+    c.replicas = max(1, math.ceil(target / c.max_rate_per_replica_rps - 1e-9))
+    if c.replicas > max_replicas:
+        c.feasible, c.reason = False, f"needs more than {max_replicas} replicas"
+    c.total_gpus = c.replicas * c.tensor_parallel_size
+    c.cost_per_hour_usd = c.total_gpus * c.cost_per_gpu_hour_usd
+
+
+# ---------------------------------------------------------------------------------------------- output
+def summary_text(p: PlanResult) -> str:
+    r = p.recommendation
+    lines = [
+        f"Recommendation  {r['replicas']} × {r['gpu']} TP{r['tensor_parallel_size']} = {r['total_gpus']} GPUs, "
+        f"speculation {r['method']}" + (f" N={r['num_speculative_tokens']}" if r["method"] != "none" else ""),
+        f"                for {r['target_rate_rps']:g} req/s (sized for +{r['headroom']:.0%} headroom), "
+        f"${r['cost_per_hour_usd']:,.2f}/hour (assumed $/GPU-h), "
+        + (f"${r['cost_per_million_output_tokens_usd']:.2f} per million output tokens" if r.get("cost_per_million_output_tokens_usd") else ""),
+    ]
+    for s in r.get("slo") or []:
+        ach = s.get("achieved")
+        lines.append(f"                {s['slo']}: {'-' if ach is None else f'{ach:,.1f}'} "
+                     f"({'met' if s['met'] else 'MISSED'})")
+    lines.append(f"                one replica fewer: SLOs {'met (!)' if r.get('one_fewer_replica_slo_met') else 'missed'}")
+    wo = r.get("without_speculation")
+    if r["method"] != "none" and wo:
+        lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "
+                     f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
+    lines.append("")
+    lines.append(f"{'rank':>4}  {'candidate':34} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
+    for i, c in enumerate([c for c in p.candidates if c["feasible"]][:15], 1):
+        lines.append(f"{i:4d}  {c['label']:34} {c['max_rate_per_replica_rps']:13.2f} {c['replicas']:8d} "
+                     f"{c['total_gpus']:5d} {c['cost_per_hour_usd']:9.2f}  {'simulated' if c['simulated'] else 'analytic'}")
+    infeasible = [c for c in p.candidates if not c["feasible"]]
+    lines.append(f"({len(p.candidates)} candidates, {len(infeasible)} infeasible; planned in {p.wall_time_s:.0f} s)")
+    for c in infeasible[:5]:
+        lines.append(f"      infeasible: {c['label']}: {c['reason']}")
+    return "\n".join(lines)
+
+
+def write(p: PlanResult, out) -> None:
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from capacity.cli import _clean, _json_default
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "plan.json").write_text(json.dumps(_clean(p.to_json()), indent=2, default=_json_default))
+    (out / "recommended.yaml").write_text(yaml.safe_dump(p.recommended_scenario, sort_keys=False))
+    if p.one_fewer_scenario:
+        (out / "one_fewer_replica.yaml").write_text(yaml.safe_dump(p.one_fewer_scenario, sort_keys=False))
+    for name, df in p.evidence_requests.items():
+        (out / "evidence" / name).mkdir(parents=True, exist_ok=True)
+        df.to_csv(out / "evidence" / name / "requests.csv", index=False)
