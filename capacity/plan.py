@@ -86,7 +86,8 @@ class Candidate:
     @property
     def label(self) -> str:
         n = f" N={self.num_speculative_tokens}" if self.method != "none" else ""
-        return f"{self.gpu} TP{self.tensor_parallel_size} {self.method}{n}"
+        eng = "".join(f" {'seqs' if k == 'max_num_seqs' else 'tokens'}={v}" for k, v in self.engine.items())
+        return f"{self.gpu} TP{self.tensor_parallel_size} {self.method}{n}{eng}"
 
     def row(self) -> dict[str, Any]:
         d = {k: v for k, v in self.__dict__.items() if k not in ("spec",)}
@@ -281,39 +282,64 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
                             "widen plan.search (more GPUs/TP) or relax the slo")
 
     # stage 2: simulate the best few (by analytic GPU count, then cost) with a short bisection
-    feasible.sort(key=lambda c: (c.total_gpus, c.cost_per_hour_usd, -c.analytic_rate_rps))
-    # simulate the best of each (GPU, TP, method) family, so that the shortlist is diverse
-    top, seen = [], set()
-    for c in feasible:
-        key = (c.gpu, c.tensor_parallel_size, c.method)
-        if key not in seen:
-            seen.add(key)
-            top.append(c)
-        if len(top) == cfg.simulate_top:
-            break
+    # Simulate the best candidates, the best of each (GPU, TP, method) family first so that the
+    # shortlist is diverse; then rescale the analytic estimates of the others by what simulation
+    # found (median simulated/analytic ratio) and simulate again while an unsimulated candidate
+    # still ranks first.
     factors = (0.4, 0.6, 0.8, 1.0)
-    jobs = [(i, candidate_scenario(base, c, c.analytic_rate_rps * f, num_requests=cfg.requests_per_probe),
-             c.analytic_rate_rps * f) for i, c in enumerate(top) for f in factors]
-    results: dict[int, list[tuple[float, bool]]] = {}
-    done = 0
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for idx, rate, ok in pool.map(_probe, jobs):
-            results.setdefault(idx, []).append((rate, ok))
-            done += 1
-            _progress(progress, f"simulating candidates {done}/{len(jobs)}")
-    for i, c in enumerate(top):
-        ok_rates = [r for r, ok in results.get(i, []) if ok]
-        c.simulated = True
-        if ok_rates:
-            c.max_rate_per_replica_rps = max(ok_rates)
-            _size(c, target, cfg.max_replicas)
-        else:
-            c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
+    ratio = 1.0
+    for round_ in range(3):
+        pending = sorted([c for c in cands if c.feasible and not c.simulated],
+                         key=lambda c: (c.total_gpus, c.cost_per_hour_usd, -c.analytic_rate_rps))
+        simulated = [c for c in cands if c.feasible and c.simulated]
+        best_sim = min(simulated, key=lambda c: (c.total_gpus, c.cost_per_hour_usd), default=None)
+        if not pending or (best_sim is not None and (pending[0].total_gpus, pending[0].cost_per_hour_usd)
+                           >= (best_sim.total_gpus, best_sim.cost_per_hour_usd)):
+            break
+        top, seen = [], set()
+        # always confirm the best plain-decoding candidate too: it is what speculation is compared with
+        plain = [c for c in pending if c.method == "none"]
+        if round_ == 0 and plain:
+            top.append(plain[0])
+            seen.add((plain[0].gpu, plain[0].tensor_parallel_size, plain[0].method))
+        for c in pending:
+            key = (c.gpu, c.tensor_parallel_size, c.method)
+            if key not in seen:
+                seen.add(key)
+                top.append(c)
+            if len(top) >= cfg.simulate_top:
+                break
+        jobs = [(i, candidate_scenario(base, c, c.analytic_rate_rps * ratio * f, num_requests=cfg.requests_per_probe),
+                 c.analytic_rate_rps * ratio * f) for i, c in enumerate(top) for f in factors]
+        results: dict[int, list[tuple[float, bool]]] = {}
+        done = 0
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for idx, rate, ok in pool.map(_probe, jobs):
+                results.setdefault(idx, []).append((rate, ok))
+                done += 1
+                _progress(progress, f"simulating candidates (round {round_ + 1}) {done}/{len(jobs)}")
+        for i, c in enumerate(top):
+            ok_rates = [r for r, ok in results.get(i, []) if ok]
+            c.simulated = True
+            if ok_rates:
+                c.max_rate_per_replica_rps = max(ok_rates)
+                _size(c, target, cfg.max_replicas)
+            else:
+                c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
+        found = [c.max_rate_per_replica_rps / c.analytic_rate_rps for c in cands
+                 if c.simulated and c.feasible and c.analytic_rate_rps > 0]
+        if found:
+            ratio = float(np.median(found))
+            for c in cands:
+                if c.feasible and not c.simulated:
+                    c.max_rate_per_replica_rps = c.analytic_rate_rps * ratio
+                    _size(c, target, cfg.max_replicas)
     ranked = sorted([c for c in cands if c.feasible],
-                    key=lambda c: (not c.simulated, c.total_gpus, c.cost_per_hour_usd))
-    if not ranked or not ranked[0].simulated:
+                    key=lambda c: (c.total_gpus, c.cost_per_hour_usd, not c.simulated))
+    sim_ranked = [c for c in ranked if c.simulated]
+    if not sim_ranked:
         raise CapacityError("no candidate met the SLOs in simulation; relax the slo or widen plan.search")
-    best = ranked[0]
+    best = sim_ranked[0]
 
     # stage 3: confirm with the whole cluster at the target rate, and with one replica fewer
     n_conf = max(cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
@@ -393,10 +419,10 @@ def summary_text(p: PlanResult) -> str:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "
                      f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
     lines.append("")
-    lines.append(f"{'rank':>4}  {'candidate':34} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
+    lines.append(f"{'rank':>4}  {'candidate':44} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
     for i, c in enumerate([c for c in p.candidates if c["feasible"]][:15], 1):
-        lines.append(f"{i:4d}  {c['label']:34} {c['max_rate_per_replica_rps']:13.2f} {c['replicas']:8d} "
-                     f"{c['total_gpus']:5d} {c['cost_per_hour_usd']:9.2f}  {'simulated' if c['simulated'] else 'analytic'}")
+        lines.append(f"{i:4d}  {c['label']:44} {c['max_rate_per_replica_rps']:13.2f} {c['replicas']:8d} "
+                     f"{c['total_gpus']:5d} {c['cost_per_hour_usd']:9.2f}  {'simulated' if c['simulated'] else 'analytic, rescaled'}")
     infeasible = [c for c in p.candidates if not c["feasible"]]
     lines.append(f"({len(p.candidates)} candidates, {len(infeasible)} infeasible; planned in {p.wall_time_s:.0f} s)")
     for c in infeasible[:5]:
