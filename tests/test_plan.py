@@ -1,0 +1,68 @@
+"""capacity plan: the recommendation must be confirmed by simulation, and be minimal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from capacity import scenario, simulate
+from capacity.cli import main
+
+SCENARIO = {
+    "name": "plan-test",
+    "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+    "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 100,
+                "classes": [{"name": "chat", "input_tokens": {"dist": "uniform", "low": 200, "high": 1200},
+                             "output_tokens": {"dist": "uniform", "low": 50, "high": 250}}]},
+    "slo": "ttft:p99<1s;tpot:p90<15ms",
+    "plan": {"target_rate_rps": 24, "headroom": 0.0, "simulate_top": 2, "requests_per_probe": 120,
+             "search": {"gpu": ["MI300X"], "tensor_parallel_size": [1, 2],
+                        "speculative": [{"method": "none"},
+                                        {"method": "eagle3", "num_speculative_tokens": [2, 4],
+                                         "draft": "RedHatAI/Qwen3-8B-Thinking-speculator.eagle3"}]}},
+}
+
+
+@pytest.fixture()
+def planned(tmp_path):
+    path = tmp_path / "plan.yaml"
+    data = json.loads(json.dumps(SCENARIO))
+    data["plan"]["search"]["speculative"] = [{"method": "none"}]   # Llama has no shipped EAGLE-3 head
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--out", str(out)]) == 0
+    return out
+
+
+def test_recommendation_is_confirmed_and_minimal(planned):
+    plan = json.loads((planned / "plan.json").read_text())
+    rec = plan["recommendation"]
+    assert rec["slo_met"] is True
+    assert rec["total_gpus"] == rec["replicas"] * rec["tensor_parallel_size"]
+    # re-running the written scenarios: the recommendation meets the SLOs, one replica fewer does not
+    ok = simulate.run(scenario.load(str(planned / "recommended.yaml")))
+    assert ok.metrics["slo_met"] is True
+    if rec["replicas"] > 1:
+        fewer = simulate.run(scenario.load(str(planned / "one_fewer_replica.yaml")))
+        assert fewer.metrics["slo_met"] is False
+    # candidates are ranked by GPU count
+    gpus = [c["total_gpus"] for c in plan["candidates"] if c["feasible"]]
+    assert gpus == sorted(gpus)
+
+
+def test_plan_without_slos_or_feasible_candidates_is_one_line(tmp_path, capsys):
+    data = json.loads(json.dumps(SCENARIO))
+    data.pop("slo")
+    path = tmp_path / "noslo.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(path)]) == 2
+    assert "slo" in capsys.readouterr().err
+    data = json.loads(json.dumps(SCENARIO))
+    data["slo"] = "ttft:p99<1ms"
+    data["plan"]["search"]["speculative"] = [{"method": "none"}]
+    path.write_text(yaml.safe_dump(data))
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no candidate" in err and "\n" not in err
