@@ -151,7 +151,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from capacity import validate
 
     report = validate.run(args.measurements or None, workers=args.workers, max_rows=args.max_rows,
-                          progress=not args.quiet)
+                          progress=not args.quiet, gpus=args.gpu or None)
     if args.out:
         validate.write(report, Path(args.out))
     if args.json:
@@ -214,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--measurements", dest="measurements_opt", action="append", default=[], help=argparse.SUPPRESS)
     v.add_argument("--workers", type=int, default=2)
     v.add_argument("--max-rows", type=int, default=None, help="validate only the first N modelled rows (quick check)")
+    v.add_argument("--gpu", action="append", default=[],
+                   help="only rows of this GPU (repeatable; 'all' for every row); default without files: "
+                        "the GPUs with calibrated profiles")
     v.add_argument("--out", help="write rows.csv and summary.json here")
     v.add_argument("--json", action="store_true")
     v.add_argument("--quiet", action="store_true")

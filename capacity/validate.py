@@ -216,12 +216,28 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     }
 
 
+def calibrated_gpus() -> list[str]:
+    """GPUs whose shipped profile has fitted efficiency parameters (the default validation scope)."""
+    from capacity.hardware import list_gpus
+
+    return [g.name for g in list_gpus()
+            if any(g.provenance[f"efficiency.{k}"].basis == "fitted" for k in g.efficiency)]
+
+
 def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None = None,
         progress: bool = True, gpu_overrides: dict | None = None,
-        prompts_per_user: int = PROMPTS_PER_USER, rows: pd.DataFrame | None = None) -> ValidationReport:
+        prompts_per_user: int = PROMPTS_PER_USER, rows: pd.DataFrame | None = None,
+        gpus: list[str] | None = None) -> ValidationReport:
+    """Simulate measured rows. Without files: the shipped vLLM rows of the calibrated GPUs
+    (`gpus` narrows any file to those GPUs; ["all"] keeps every row)."""
     if rows is None:
         paths = [Path(f) for f in files] if files else default_files()
         rows = pd.concat([read_measurements(p) for p in paths], ignore_index=True)
+        if gpus is None and not files:
+            gpus = calibrated_gpus()
+        if gpus and gpus != ["all"]:
+            wanted = {g.upper() for g in gpus}
+            rows = rows[rows["gpu"].str.upper().isin(wanted)].reset_index(drop=True)
     records = rows.to_dict(orient="records")
     if max_rows is not None:
         modelled = [i for i, r in enumerate(records) if row_scenario(r)[0] is not None][:max_rows]
