@@ -30,7 +30,7 @@ from scipy.optimize import least_squares
 
 from capacity import validate
 from capacity.errors import CapacityError
-from capacity.hardware import EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
+from capacity.hardware import GpuProfile, load_gpu, save_profile
 from capacity.step_cost import StepCostModel, StepFeatures
 
 FITTED_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",

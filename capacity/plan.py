@@ -236,11 +236,12 @@ def _progress(enabled: bool, text: str) -> None:
 def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
         progress: bool = True) -> PlanResult:
     from capacity import metrics, scenario as scenario_mod, traffic
-    import yaml
 
     t0 = time.perf_counter()
-    path = scenario_mod.resolve_path(scenario_name)
-    base = scenario_mod.apply_overrides(yaml.safe_load(path.read_text()) or {}, overrides or [])
+    path, data = scenario_mod.read_yaml(scenario_name)
+    if not isinstance(data, dict):
+        raise CapacityError(f"{path}: a scenario is a YAML mapping with deployment, traffic, slo and plan sections")
+    base = scenario_mod.apply_overrides(data, overrides or [])
     if "plan" not in base:
         raise CapacityError(f"{path}: no plan section: add plan: {{target_rate_rps: ..., search: ...}} (see scenarios/default.yaml)")
     try:

@@ -130,14 +130,19 @@ def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
         raise CapacityError(_one_line(e, source)) from None
 
 
-def load(name_or_path: str | None = None, overrides: list[str] | None = None) -> Scenario:
+def read_yaml(name_or_path: str | None) -> tuple[Path, Any]:
+    """(path, parsed YAML) of a shipped scenario name or a path; broken YAML is a one-line error."""
     path = resolve_path(name_or_path)
     try:
-        data = yaml.safe_load(path.read_text())
+        return path, yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise CapacityError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+
+
+def load(name_or_path: str | None = None, overrides: list[str] | None = None) -> Scenario:
+    path, data = read_yaml(name_or_path)
     if not isinstance(data, dict):
         raise CapacityError(f"{path}: a scenario is a YAML mapping with deployment and traffic sections")
     data = apply_overrides(data, overrides or [])

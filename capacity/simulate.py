@@ -22,7 +22,7 @@ from capacity.errors import CapacityError
 from capacity.hardware import GpuProfile, load_gpu
 from capacity.models import ModelArch, load_model
 from capacity.scenario import Scenario
-from capacity.speculation import NoSpeculation, Speculation
+from capacity.speculation import Speculation
 from capacity.step_cost import StepCostModel
 from capacity.traffic import RequestStream, build_requests
 

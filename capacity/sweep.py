@@ -202,13 +202,7 @@ def load_spec(name_or_path: str) -> SweepSpec:
     """Read a sweep scenario (a shipped name or a path)."""
     from capacity import scenario as scenario_mod
 
-    path = scenario_mod.resolve_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise CapacityError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    path, data = scenario_mod.read_yaml(name_or_path)
     return spec_from_dict(data, str(path))
 
 
@@ -676,17 +670,9 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m capacity.sweep ...`: the sweep command on its own (same as `capacity sweep ...`)."""
-    parser = argparse.ArgumentParser(prog="capacity")
-    add_sweep_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["sweep", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return int(args.func(args) or 0)
-    except CapacityError as e:
-        print(f"capacity: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("capacity: interrupted", file=sys.stderr)
-        return 130
+    from capacity.cli import main as cli_main
+
+    return cli_main(["sweep", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":  # pragma: no cover
