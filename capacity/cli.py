@@ -148,16 +148,30 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from capacity import validate
+    from capacity import validate, validate_spec
 
-    report = validate.run(args.measurements or None, workers=args.workers, max_rows=args.max_rows,
-                          progress=not args.quiet, gpus=args.gpu or None)
-    if args.out:
-        validate.write(report, Path(args.out))
+    files = list(args.measurements or [])
+    spec_files = [f for f in files if Path(f).is_file() and validate_spec.is_spec_file(Path(f))]
+    serving_files = [f for f in files if f not in spec_files]
+    payload: dict = {}
+    texts = []
+    if serving_files or not files:
+        report = validate.run(serving_files or None, workers=args.workers, max_rows=args.max_rows,
+                              progress=not args.quiet, gpus=args.gpu or None)
+        if args.out:
+            validate.write(report, Path(args.out))
+        payload.update(report.to_json())
+        texts.append(report.summary_text())
+    if spec_files or args.spec:
+        spec = validate_spec.run(spec_files or None, workers=args.workers, progress=not args.quiet)
+        if args.out:
+            validate_spec.write(spec, Path(args.out))
+        payload["speculative"] = spec.to_json()
+        texts.append(spec.summary_text())
     if args.json:
-        print_json(report.to_json())
+        print_json(payload)
     else:
-        print(report.summary_text())
+        print("\n\n".join(texts))
     return 0
 
 
@@ -210,13 +224,16 @@ def build_parser() -> argparse.ArgumentParser:
     me.set_defaults(func=cmd_methods)
 
     v = sub.add_parser("validate", help="predict measured rows and report the error")
-    v.add_argument("measurements", nargs="*", help="measurement CSV files (default: the shipped calibration rows)")
+    v.add_argument("measurements", nargs="*",
+                   help="serving or speculative-speedup CSV files (default: the shipped calibration rows)")
     v.add_argument("--measurements", dest="measurements_opt", action="append", default=[], help=argparse.SUPPRESS)
     v.add_argument("--workers", type=int, default=2)
     v.add_argument("--max-rows", type=int, default=None, help="validate only the first N modelled rows (quick check)")
     v.add_argument("--gpu", action="append", default=[],
                    help="only rows of this GPU (repeatable; 'all' for every row); default without files: "
                         "the GPUs with calibrated profiles")
+    v.add_argument("--spec", action="store_true",
+                   help="also predict the shipped seed-article speculative-decoding rows (several minutes)")
     v.add_argument("--out", help="write rows.csv and summary.json here")
     v.add_argument("--json", action="store_true")
     v.add_argument("--quiet", action="store_true")

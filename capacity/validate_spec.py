@@ -184,6 +184,7 @@ class Deployment:
     precision: str | None
     max_num_batched_tokens: int | None
     max_model_len: int | None
+    gpu_overrides: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Deployment":
@@ -217,7 +218,7 @@ def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PRO
     sc = {
         "name": f"seed:{dep.target}:C={concurrency}",
         "deployment": {"gpu": dep.gpu, "model": dep.target, "precision": dep.precision,
-                       "tensor_parallel_size": dep.tp},
+                       "tensor_parallel_size": dep.tp, **({"gpu_overrides": dep.gpu_overrides} if dep.gpu_overrides else {})},
         "engine": engine,
         "traffic": {"arrival": {"process": "closed_loop", "concurrency": int(concurrency)},
                     "num_requests": num_prompts(concurrency, prompts_per_user),
@@ -430,9 +431,9 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
 
 
 def _row_star(args) -> RowRun | str:
-    row, load, ppu = args
+    row, load, ppu, *rest = args
     try:
-        return run_row(row, load, ppu)
+        return run_row(row, load, ppu, overrides=rest[0] if rest else None)
     except CapacityError as e:
         return str(e)
 
@@ -482,6 +483,9 @@ def best_n_regret(rows: pd.DataFrame, pred: str = "predicted_output_tok_s", meas
 # Calibration
 # --------------------------------------------------------------------------------------------------
 
+STEP_KEY = "_step_overhead_us"
+
+
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
                  step_overhead_us: float = 0.0) -> np.ndarray:
     """Predicted speedup of every row for per-method draft_pass_overhead_us `params`."""
@@ -489,32 +493,82 @@ def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, 
 
 
 def fit_overheads(runs: list[RowRun], methods: list[str], baselines: np.ndarray, measured: np.ndarray,
-                  start: dict[str, float], fit_step_overhead: bool = False) -> dict[str, float]:
+                  start: dict[str, float], step_overhead: bool = False) -> dict[str, float]:
     """Least squares on log(predicted / measured speedup) with a soft-L1 loss (robust to the article's
     few inconsistent rows), one draft_pass_overhead_us per method present in `methods`. With
-    `fit_step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic:
-    the simulator has no such parameter; returned as '_step_overhead_us')."""
+    `step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic: the
+    simulator has no such parameter), returned under STEP_KEY."""
     from scipy.optimize import least_squares
 
     present = sorted(set(methods))
-    keys = present + (["_step_overhead_us"] if fit_step_overhead else [])
+    keys = present + ([STEP_KEY] if step_overhead else [])
+    out = dict(start)
     if not present:
-        return dict(start)
-    x0 = np.array([min(max(start.get(k, 100.0), FIT_BOUNDS_US[0]), FIT_BOUNDS_US[1]) for k in keys], dtype=float)
-    lo = np.full(len(keys), FIT_BOUNDS_US[0])
-    hi = np.full(len(keys), FIT_BOUNDS_US[1])
+        return out
+    x0 = np.array([min(max(start.get(k, 500.0), FIT_BOUNDS_US[0]), FIT_BOUNDS_US[1]) for k in keys], dtype=float)
     logm = np.log(measured)
 
     def resid(x):
-        p = dict(start)
-        p.update(zip(keys, x))
-        step = p.pop("_step_overhead_us", 0.0)
-        pred = predict_with(runs, methods, baselines, p, step)
-        return np.log(np.maximum(pred, 1e-9)) - logm
+        p = dict(zip(keys, x))
+        step = p.pop(STEP_KEY, 0.0)
+        return np.log(np.maximum(predict_with(runs, methods, baselines, p, step), 1e-9)) - logm
 
-    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05, x_scale=100.0)
-    out = dict(start)
+    sol = least_squares(resid, x0, bounds=(np.full(len(keys), FIT_BOUNDS_US[0]), np.full(len(keys), FIT_BOUNDS_US[1])),
+                        loss="soft_l1", f_scale=0.05, x_scale=100.0)
     out.update({k: float(v) for k, v in zip(keys, sol.x)})
+    return out
+
+
+def cross_validate(runs: list[RowRun], methods: list[str], baselines: np.ndarray, measured: np.ndarray,
+                   targets: np.ndarray, start: dict[str, float], step_overhead: bool = False
+                   ) -> tuple[dict[str, float], np.ndarray, np.ndarray, dict[str, dict[str, float]]]:
+    """(fit on all rows, its predictions, leave-one-target-out predictions, per-target fold fits). A
+    method measured on one target only keeps its methods.yaml value in that target's fold."""
+    s0 = {**start, STEP_KEY: 500.0} if step_overhead else dict(start)
+    fitted = fit_overheads(runs, methods, baselines, measured, s0, step_overhead)
+    pred = predict_with(runs, methods, baselines, fitted, fitted.get(STEP_KEY, 0.0))
+    loto = np.full(len(runs), np.nan)
+    folds: dict[str, dict[str, float]] = {}
+    for t in sorted(set(targets)):
+        train = targets != t
+        f = fit_overheads([r for r, k in zip(runs, train) if k], [m for m, k in zip(methods, train) if k],
+                          baselines[train], measured[train], s0, step_overhead)
+        folds[str(t)] = f
+        test = ~train
+        loto[test] = predict_with([r for r, k in zip(runs, test) if k], [m for m, k in zip(methods, test) if k],
+                                  baselines[test], f, f.get(STEP_KEY, 0.0))
+    return fitted, pred, loto, folds
+
+
+def repricing_is_exact(dep: Deployment) -> bool:
+    """Re-pricing is exact when the closed loop's schedule cannot depend on step durations: no
+    serving-stack delay between a request's dispatch and its arrival at the scheduler."""
+    from capacity.hardware import load_gpu
+
+    gpu = load_gpu(dep.gpu)
+    if dep.gpu_overrides:
+        gpu = gpu.with_overrides(**dep.gpu_overrides)
+    return float(gpu.efficiency.get("request_overhead_ms", 0.0) or 0.0) == 0.0
+
+
+def shape_table(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per (target, method): a line R(N) = a + b·N through R = tokens per step / speedup, the cost of a
+    speculative step relative to a baseline step at the same load, measured and simulated. The
+    intercept a is the fixed cost of a speculative step (1 = free), the slope b the cost of one more
+    draft token; both in units of a baseline step."""
+    out = []
+    for (t, m), g in rows.groupby(["target", "method"], sort=True):
+        n = g["num_speculative_tokens"].to_numpy(dtype=float)
+        if len(set(n)) < 2:
+            continue
+        entry = {"target": t, "method": m, "concurrency": int(g["concurrency"].iloc[0])}
+        for name, sp, tau in (("measured", "speedup", "mean_accepted_length"),
+                              ("default", "predicted_speedup_default", "simulated_mean_accepted_length"),
+                              ("fitted", "predicted_speedup", "simulated_mean_accepted_length")):
+            r = g[tau].to_numpy(dtype=float) / g[sp].to_numpy(dtype=float)
+            b, a = np.polyfit(n, r, 1)
+            entry[f"{name}_intercept"], entry[f"{name}_slope"] = float(a), float(b)
+        out.append(entry)
     return out
 
 
@@ -583,6 +637,15 @@ def summary_text(s: dict[str, Any]) -> str:
                  f"model picks the measured best N in {r['fitted']['exact']} of them")
     lines.append(f"Best-N regret (LOTO): mean {r['loto']['mean']:.1%}; (defaults): mean {r['default']['mean']:.1%}")
     lines.append("  by method (fitted): " + ", ".join(f"{k} {v:.1%}" for k, v in r["fitted"]["by_method"].items()))
+    if s.get("shape"):
+        lines.append("")
+        lines.append("Cost of a speculative step relative to a baseline step, R(N) = tokens per step / speedup = a + b*N")
+        lines.append(f"  {'target':26} {'method':12} {'C':>4}   {'measured a, b':>14}   {'defaults a, b':>14}   {'fitted a, b':>14}")
+        for e in s["shape"]:
+            lines.append(f"  {e['target'][:26]:26} {e['method'][:12]:12} {e['concurrency']:4d}   "
+                         f"{e['measured_intercept']:6.2f} {e['measured_slope']:6.3f}   "
+                         f"{e['default_intercept']:6.2f} {e['default_slope']:6.3f}   "
+                         f"{e['fitted_intercept']:6.2f} {e['fitted_slope']:6.3f}")
     if s.get("diagnostic"):
         d = s["diagnostic"]
         lines.append("")
@@ -675,11 +738,13 @@ def _regret_summary(df: pd.DataFrame, pred_col: str) -> dict[str, Any]:
 
 
 def run(files: list[str] | None = None, workers: int = 2, progress: bool = True, quick: bool = False,
-        serving: bool | None = None, rows: pd.DataFrame | None = None) -> SpecValidationReport:
+        serving: bool | None = None, rows: pd.DataFrame | None = None, resimulate: bool = False) -> SpecValidationReport:
     """Validate speculative decoding: infer each target's load, predict every row, fit the per-method
     draft-pass overhead, cross-validate leaving one target out, and (by default when no `files` are
     given) predict the speculative serving rows of serving_vllm.csv. `quick` simulates 4 prompts per
-    user instead of 16 (a smoke run, same method)."""
+    user instead of 16 (a smoke run, same method). Fitted predictions are re-priced schedules: exact
+    when the GPU profile has no request_overhead_ms, within ~1 % otherwise (measured: 0.0-0.7 % at
+    62 ms on MI300X); `resimulate` re-simulates them with the fitted overrides instead."""
     wall0 = time.perf_counter()
     ppu = QUICK_PROMPTS_PER_USER if quick else PROMPTS_PER_USER
     if serving is None:
@@ -720,34 +785,19 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     meas = rows.loc[ok, "speedup"].to_numpy(dtype=float)
     run_list = [runs[i] for i in ok]
     start = {m: default_overhead_us(m) for m in sorted(set(m_list))}
-    fitted = fit_overheads(run_list, m_list, base, meas, start)
-
-    # leave one target out
     targets = rows.loc[ok, "target"].to_numpy()
-    loto_pred = np.full(len(ok), np.nan)
-    loto_fits: dict[str, dict[str, float]] = {}
-    for t in sorted(set(targets)):
-        train = targets != t
-        tr_m = [m for m, keep in zip(m_list, train) if keep]
-        fit_t = fit_overheads([r for r, keep in zip(run_list, train) if keep], tr_m, base[train], meas[train], start)
-        loto_fits[t] = {m: fit_t.get(m, start[m]) for m in start}
-        test = ~train
-        loto_pred[test] = predict_with([r for r, k in zip(run_list, test) if k], [m for m, k in zip(m_list, test) if k],
-                                       base[test], loto_fits[t])
-
-    # diagnostic: + one fixed cost per drafting step
-    diag = fit_overheads(run_list, m_list, base, meas, {**start, "_step_overhead_us": 500.0}, fit_step_overhead=True)
-    diag_step = diag.pop("_step_overhead_us")
-    diag_pred = predict_with(run_list, m_list, base, diag, diag_step)
-    diag_loto = np.full(len(ok), np.nan)
-    for t in sorted(set(targets)):
-        train = targets != t
-        f = fit_overheads([r for r, k in zip(run_list, train) if k], [m for m, k in zip(m_list, train) if k],
-                          base[train], meas[train], {**start, "_step_overhead_us": 500.0}, fit_step_overhead=True)
-        st = f.pop("_step_overhead_us")
-        test = ~train
-        diag_loto[test] = predict_with([r for r, k in zip(run_list, test) if k], [m for m, k in zip(m_list, test) if k],
-                                       base[test], {m: f.get(m, start[m]) for m in start}, st)
+    fitted, fit_pred, loto_pred, loto_fits = cross_validate(run_list, m_list, base, meas, targets, start)
+    # diagnostic: + one fixed cost per drafting step shared by every method (not a simulator parameter)
+    diag, diag_pred, diag_loto, _ = cross_validate(run_list, m_list, base, meas, targets, start, step_overhead=True)
+    diag_step = diag.pop(STEP_KEY)
+    exact = all(repricing_is_exact(ld.deployment) for ld in loads.values())
+    if resimulate and not exact:
+        # a request delay makes the closed-loop schedule depend on step durations (re-pricing is then
+        # within ~1 %, measured): re-simulate the final predictions with the fitted overrides
+        jobs2 = [(rows.loc[i].to_dict(), loads[rows.at[i, "target"]], ppu,
+                  {FITTED_PARAMETER: fitted[rows.at[i, "method_name"]]}) for i in ok]
+        res2 = _pool_map(_row_star, jobs2, workers, progress, "rows (fitted, re-simulated)")
+        fit_pred = np.array([r.throughput() / b if isinstance(r, RowRun) else np.nan for r, b in zip(res2, base)])
 
     def put(col: str, values: np.ndarray) -> None:
         rows[col] = np.nan
@@ -757,7 +807,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     put("predicted_baseline_output_tok_s", base)
     put("simulated_mean_accepted_length", np.array([r.mean_accepted_length for r in run_list]))
     put("predicted_speedup_default", predict_with(run_list, m_list, base, start))
-    put("predicted_speedup", predict_with(run_list, m_list, base, fitted))
+    put("predicted_speedup", fit_pred)
     put("predicted_output_tok_s", rows.loc[ok, "predicted_speedup"].to_numpy() * base)
     put("predicted_speedup_loto", loto_pred)
     put("predicted_speedup_diagnostic", diag_pred)
@@ -789,11 +839,14 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
         "prompts_per_user": ppu,
         "loads": [{**ld.to_json(), "bisection_step": ld.tolerance} for ld in loads.values()],
         "fitted_parameter": FITTED_PARAMETER,
+        "repricing": "exact" if exact else ("re-simulated" if resimulate else
+                                            "approximate (request_overhead_ms > 0: within ~1 %, measured)"),
         "start": start,
         "fitted": {m: fitted[m] for m in start},
-        "loto_fits": loto_fits,
+        "loto_fits": {t: {m: f.get(m, start[m]) for m in start} for t, f in loto_fits.items()},
         "errors": errors,
         "regret": regret,
+        "shape": shape_table(rows.loc[ok]),
         "diagnostic": {"step_overhead_us": diag_step, "pass_overhead_us": {m: diag.get(m, start[m]) for m in start},
                        "overall": error_table(rows.loc[ok].assign(_d=diag_pred), None, "_d")[0],
                        "loto_overall": error_table(rows.loc[ok].assign(_d=diag_loto), None, "_d")[0]},
@@ -838,9 +891,443 @@ def _jsonable(o: Any) -> Any:
 # Serving rows (serving_vllm.csv) that measure speculative decoding at a known load
 # --------------------------------------------------------------------------------------------------
 
-def predict_serving_rows(*a, **k):  # replaced below
-    raise NotImplementedError
+SERVING_SOURCE_PREFIX = "rocm_blog"
+# Draft checkpoints named by the serving rows that have no shipped config, and the shipped config used
+# in their place (same publisher / same target; an approximation, reported with every prediction).
+DRAFT_STAND_INS = {
+    "lightseekorg/kimi-k2.5-eagle3": "lightseekorg/kimi-k2.5-eagle3-mla",
+    "amd/kimi-k2.5-eagle3-fp8": "lightseekorg/kimi-k2.5-eagle3-mla",
+}
+ASSUMED_EAGLE3_N = 3          # the EAGLE-3 blog does not state N for Kimi; its MiniMax runs use 3 (assumed)
+MTP_PLATEAU_N = 8             # "MTP throughput plateaus ... past budget 8" -> modelled at N = 8
+SINGLE_USER_PROMPTS = 16      # concurrency-1 rows: requests are independent, 16 converge the mean
+POISSON_PROMPTS = 200         # Poisson rows (the blog ran 500; 200 keep the run short, mean E2E within ~2 %)
+PIN_TOLERANCE = 0.002         # bisection on the i.i.d. acceptance rate stops at this |ratio error|
+
+
+def _serving_draft(spec_method: str) -> tuple[str | None, str | None]:
+    """(draft id, note) from a spec_method cell such as 'eagle3 (BF16 draft lightseekorg/kimi-k2.5-eagle3)'."""
+    import re
+
+    m = re.search(r"draft ([\w.-]+/[\w.-]+)", spec_method)
+    if m:
+        return m.group(1), None
+    m = re.search(r"draft model ([\w.-]+)", spec_method)
+    if m:
+        return m.group(1), None
+    return None, None
+
+
+def _serving_method(spec_method: str) -> str | None:
+    text = spec_method.strip().lower()
+    if not text or text == "none":
+        return None
+    if text.startswith("draft model"):
+        return "draft_model"
+    return METHOD_LABELS.get(text.split()[0], text.split()[0])
+
+
+def _serving_precision(text: str) -> str | None:
+    t = str(text).lower()
+    for key in ("mxfp4", "mxfp8", "fp8", "int4", "bf16"):
+        if key in t and "?" not in t:
+            return PRECISIONS[key]
+    return None
+
+
+@dataclass
+class ServingCase:
+    """One serving row and how it is modelled."""
+
+    index: int
+    row: dict[str, Any]
+    status: str                              # predict | pin | baseline | skip
+    reason: str = ""
+    series: str = ""                         # rows of one spec series share the pinned acceptance
+    scenario: dict[str, Any] | None = None   # without the speculative section
+    speculative: dict[str, Any] | None = None
+    measured: float = math.nan
+    metric: str = ""                         # what is compared
+    assumptions: str = ""
+
+
+def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
+    """Decide, for each rocm_blog row, whether and how it is modelled (see predict_serving_rows)."""
+    from capacity.models import load_model
+    from capacity.validate import model_aliases
+
+    cases: list[ServingCase] = []
+    for i, row in enumerate(df.to_dict(orient="records")):
+        sm = str(row.get("spec_method", "") or "").strip()
+        method = _serving_method(sm)
+        notes = str(row.get("notes", ""))
+        load_type = str(row.get("load_type", "")).lower()
+        c = ServingCase(i, row, "skip")
+        cases.append(c)
+        if "with ep" in notes.lower() or "+ ep" in notes.lower():
+            c.reason = "expert parallelism (TP=4 with EP) is not modelled"
+            continue
+        if "rate not stated" in load_type:
+            c.reason = "load not stated (online serving, request rate not given)"
+            continue
+        if "offline" in load_type:
+            c.reason = "offline mode, E2E latency without a unit"
+            continue
+        try:
+            model = model_aliases().get(str(row["model"]), str(row["model"]))
+            load_model(model)
+        except CapacityError:
+            c.reason = f"no shipped config for model '{row['model']}'"
+            continue
+        draft, note = _serving_draft(sm)
+        assumptions = []
+        if draft is not None:
+            draft = model_aliases().get(draft, draft)
+            if draft in DRAFT_STAND_INS:
+                assumptions.append(f"draft {draft} has no shipped config: {DRAFT_STAND_INS[draft]} stands in")
+                draft = DRAFT_STAND_INS[draft]
+            try:
+                load_model(draft)
+            except CapacityError:
+                c.reason = f"draft checkpoint '{draft}' has no shipped config"
+                continue
+        tp = int(_num(row.get("tp")))
+        prec = _serving_precision(row.get("precision", ""))
+        isl, osl = _num(row.get("isl")), _num(row.get("osl"))
+        version = str(row.get("framework_version", ""))
+        if version.startswith("v0.") and version.split(".")[1].isdigit() and int(version.split(".")[1]) < 8:
+            assumptions.append(f"vLLM {version} ran the V0 engine; modelled with the v1 scheduler")
+        dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
+        conc = _num(row.get("concurrency_or_qps"))
+        if "concurrency 1" in load_type or ("closed" in load_type and conc == 1):
+            # single-user rows of the DFlash blog: z-lab/dflash client, prompts like the seed WORKLOAD
+            n = int(_num(row.get("num_spec_tokens"))) if _num(row.get("num_spec_tokens")) > 0 else None
+            if method == "mtp" and n is None:
+                n = MTP_PLATEAU_N
+                assumptions.append(f"MTP 'plateau past budget 8' modelled at N={n}")
+            if method is None or n is None:
+                c.reason = "speculative method or N not stated"
+                continue
+            target_seed = model if model != "Qwen/Qwen3.6-35B-A3B" else None
+            if "humaneval" in notes.lower():
+                datasets = ["HumanEval"]
+            else:
+                datasets = ["GSM8K", "MATH500", "HumanEval", "MBPP"]
+                assumptions.append("workload not stated: acceptance = mean of the seed profile's four datasets")
+            from capacity.acceptance import profile_rates
+
+            rates = np.mean([profile_rates(method, target_seed or model, d, n)[0] for d in datasets], axis=0)
+            if model == "Qwen/Qwen3.6-35B-A3B":
+                assumptions.append("Qwen3.5-35B-A3B modelled by the shipped Qwen3.6-35B-A3B config and its DFlash "
+                                   "drafter; acceptance = mean seed DFlash profile over the measured targets")
+            assumptions.append("acceptance from the seed article's profile of this method/target (temperature 0)")
+            c.status, c.metric = "predict", "tok_s_per_user"
+            c.measured = _num(row.get("tok_s_per_user"))
+            c.scenario = {"name": f"serving:{i}", "deployment": dep,
+                          "traffic": {"arrival": {"process": "closed_loop", "concurrency": 1},
+                                      "num_requests": SINGLE_USER_PROMPTS,
+                                      "classes": [{"name": "seed", **{k: dict(v) for k, v in WORKLOAD.items()}}]}}
+            c.speculative = {"method": method, "num_speculative_tokens": n, "draft": draft,
+                             "acceptance": {"model": "chain", "rates": [float(x) for x in rates]}}
+            c.assumptions = "; ".join(assumptions)
+            continue
+        if math.isnan(isl) or math.isnan(osl) or math.isnan(conc):
+            c.reason = "isl, osl or load not stated"
+            continue
+        lengths = {"input_tokens": {"dist": "fixed", "value": int(isl)},
+                   "output_tokens": {"dist": "fixed", "value": int(osl)}}
+        if "closed" in load_type:
+            traffic = {"arrival": {"process": "closed_loop", "concurrency": int(conc)}, "num_requests": 10 * int(conc)}
+            value, metric = _num(row.get("reported_value")), "reported_tok_s_per_gpu"
+            assumptions.append("random prompts of exactly isl/osl tokens (vllm bench serve random, range ratio 0)")
+        elif "poisson" in load_type:
+            traffic = {"arrival": {"process": "poisson", "rate_rps": float(conc)}, "num_requests": POISSON_PROMPTS}
+            value, metric = _num(row.get("e2e_ms")), "e2e_ms"
+            assumptions.append("random prompts of exactly isl/osl tokens (assumed)")
+        else:
+            c.reason = f"load type '{row.get('load_type')}' is not modelled"
+            continue
+        if not value > 0:
+            c.reason = "no measured value"
+            continue
+        traffic["classes"] = [{"name": "random", **lengths}]
+        c.scenario = {"name": f"serving:{i}", "deployment": dep, "traffic": traffic}
+        c.measured = value
+        c.metric = metric
+        if method is None:
+            c.status = "baseline"
+            c.series = f"{row['source_id']}|{model}|{tp}|{isl}|{osl}|{load_type}"
+        else:
+            n = int(_num(row.get("num_spec_tokens"))) if _num(row.get("num_spec_tokens")) > 0 else None
+            if n is None:
+                n = ASSUMED_EAGLE3_N
+                assumptions.append(f"N not stated: {n} assumed")
+            if "fp8 draft" in sm.lower():
+                assumptions.append("FP8 draft weights modelled as the checkpoint's BF16")
+            assumptions.append("acceptance not reported: i.i.d. rate pinned on the series' lowest load")
+            c.status = "pin"
+            c.series = f"{row['source_id']}|{model}|{tp}|{isl}|{osl}|{load_type}|{sm}"
+            c.speculative = {"method": method, "num_speculative_tokens": n, "draft": draft}
+        c.assumptions = "; ".join(assumptions)
+    return cases
+
+
+def _serving_metrics(sc: dict[str, Any]) -> dict[str, float]:
+    res = simulate_scenario(sc)
+    m = res.metrics
+    return {"output_tok_s": m["output_throughput_tok_s"], "output_tok_s_per_gpu": m["output_throughput_tok_s_per_gpu"],
+            "total_tok_s_per_gpu": m["total_throughput_tok_s_per_gpu"], "e2e_mean_ms": m["e2e_ms"]["mean"],
+            "tok_s_per_user": m["tok_s_per_user_at_median_tpot"], "stable": bool(res.stable)}
+
+
+def _serving_value(metrics: dict[str, float], metric: str) -> float:
+    if metric == "tok_s_per_user":
+        return metrics["output_tok_s"]       # one user: output throughput = that user's stream
+    if metric == "e2e_ms":
+        return metrics["e2e_mean_ms"]
+    return metrics["output_tok_s_per_gpu"]
+
+
+def _ratio(spec: dict[str, float], base: dict[str, float], metric: str) -> float:
+    """Measured-comparable speedup: throughput spec/base, or E2E base/spec."""
+    if metric == "e2e_ms":
+        return base["e2e_mean_ms"] / spec["e2e_mean_ms"]
+    return spec["output_tok_s_per_gpu"] / base["output_tok_s_per_gpu"]
+
+
+def _with_spec(sc: dict[str, Any], spec: dict[str, Any] | None, overrides: dict[str, float] | None) -> dict[str, Any]:
+    out = {**sc}
+    if spec:
+        s = dict(spec)
+        if overrides and s.get("method") in overrides:
+            s["overrides"] = {FITTED_PARAMETER: overrides[s["method"]]}
+        out["speculative"] = s
+    return out
+
+
+def _serving_job(job) -> list[dict[str, Any]]:
+    """One unit of serving work: a 'predict' case, or one series (pinned spec rows + their baselines)."""
+    kind, cases, baselines, overrides = job
+    out = []
+    try:
+        if kind == "predict":
+            c = cases[0]
+            m = _serving_metrics(_with_spec(c.scenario, c.speculative, overrides))
+            d = _serving_metrics(_with_spec(c.scenario, c.speculative, None)) if overrides else m
+            out.append({"index": c.index, "predicted": _serving_value(m, c.metric),
+                        "predicted_default": _serving_value(d, c.metric), "stable": m["stable"]})
+            return out
+        base = {b.row.get("concurrency_or_qps"): b for b in baselines}
+        base_m = {k: _serving_metrics(b.scenario) for k, b in base.items()}
+        for k, b in base.items():
+            out.append({"index": b.index, "predicted": _serving_value(base_m[k], b.metric),
+                        "predicted_output_tok_s_per_gpu": base_m[k]["output_tok_s_per_gpu"],
+                        "predicted_total_tok_s_per_gpu": base_m[k]["total_tok_s_per_gpu"], "stable": base_m[k]["stable"]})
+        cases = sorted((c for c in cases if c.row.get("concurrency_or_qps") in base),
+                       key=lambda c: _num(c.row.get("concurrency_or_qps")))
+        if not cases:
+            return out
+        unstable = [k for k in (c.row.get("concurrency_or_qps") for c in cases) if not base_m[k]["stable"]]
+        if unstable:
+            for c in cases:
+                out.append({"index": c.index, "error": f"the simulated baseline is overloaded at load {', '.join(unstable)} "
+                                                       f"(see the baseline rows), so no speedup can be pinned or predicted"})
+            return out
+        pin = cases[0]
+        key = pin.row.get("concurrency_or_qps")
+        measured_ratio = pin.measured / base[key].measured if pin.metric != "e2e_ms" else base[key].measured / pin.measured
+
+        def ratio_at(alpha: float, c: ServingCase) -> float:
+            spec = {**c.speculative, "acceptance": {"model": "iid", "alpha": alpha}}
+            m = _serving_metrics(_with_spec(c.scenario, spec, overrides))
+            return _ratio(m, base_m[c.row.get("concurrency_or_qps")], c.metric)
+
+        lo, hi = 0.0, 1.0
+        r_hi = ratio_at(hi, pin)
+        if r_hi < measured_ratio:
+            alpha = 1.0
+        elif ratio_at(lo, pin) > measured_ratio:
+            alpha = 0.0
+        else:
+            for _ in range(14):
+                mid = 0.5 * (lo + hi)
+                r = ratio_at(mid, pin)
+                if abs(r - measured_ratio) / measured_ratio < PIN_TOLERANCE:
+                    lo = hi = mid
+                    break
+                if r < measured_ratio:
+                    lo = mid
+                else:
+                    hi = mid
+            alpha = 0.5 * (lo + hi)
+        for c in cases:
+            r = ratio_at(alpha, c)
+            bm = base_m[c.row.get("concurrency_or_qps")]
+            pred = r * base[c.row.get("concurrency_or_qps")].measured if c.metric != "e2e_ms" \
+                else base[c.row.get("concurrency_or_qps")].measured / r
+            out.append({"index": c.index, "predicted": pred, "predicted_ratio": r,
+                        "measured_ratio": (c.measured / base[c.row.get("concurrency_or_qps")].measured
+                                           if c.metric != "e2e_ms" else base[c.row.get("concurrency_or_qps")].measured / c.measured),
+                        "pinned_alpha": alpha, "used_for_pinning": c is pin,
+                        "predicted_output_tok_s_per_gpu": None, "baseline_predicted": _serving_value(bm, c.metric)})
+    except CapacityError as e:
+        for c in list(cases) + list(baselines):
+            out.append({"index": c.index, "error": str(e)})
+    return out
+
+
+def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progress: bool = True,
+                         quick: bool = False, overrides: dict[str, float] | None = None
+                         ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Predict the rows of serving_vllm.csv whose source_id starts with 'rocm_blog' (speculative decoding
+    at a stated load, and their non-speculative baselines). What is modelled:
+
+    * single-user rows (DFlash blog, MI355X, c = 1): absolute tok/s of one user, with the seed article's
+      acceptance profile of the same draft on the same target (and dataset when stated) — an
+      independent test of the cost model and the fitted draft overheads (`overrides`);
+    * closed-loop and Poisson series with a baseline at every load (EAGLE-3 blog on MI355X; draft-model
+      deep dive on MI300X): the acceptance is not reported, so one i.i.d. acceptance rate per series
+      is pinned on its lowest load so that the simulated speedup there equals the measured one; the
+      speedups at the other loads are predictions (how the benefit falls with load). Baseline rows
+      are predicted in absolute terms (tok/s/GPU of unstated basis: output and total both given);
+    * everything else is skipped with the reason (load not stated, EP, drafts without a config, ...).
+    """
+    path = Path(path) if path else default_serving_file()
+    if not path.is_file():
+        raise CapacityError(f"measurement file {path} not found")
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    if "source_id" not in df.columns:
+        raise CapacityError(f"{path}: not a serving measurement file (no source_id column)")
+    df = df[df["source_id"].str.startswith(SERVING_SOURCE_PREFIX)].reset_index(drop=True)
+    cases = plan_serving_rows(df)
+    jobs = [("predict", [c], [], overrides) for c in cases if c.status == "predict"]
+    by_series: dict[str, tuple[list, list]] = {}
+    for c in cases:
+        if c.status in ("pin", "baseline"):
+            key = c.series if c.status == "baseline" else c.series.rsplit("|", 1)[0]
+            by_series.setdefault(key, ([], []))[0 if c.status == "pin" else 1].append(c)
+    for key, (spec_cases, base_cases) in by_series.items():
+        if not spec_cases:
+            jobs.append(("series", [], base_cases, overrides))
+            continue
+        for sm in sorted({c.series for c in spec_cases}):
+            jobs.append(("series", [c for c in spec_cases if c.series == sm], base_cases, overrides))
+    quick_jobs = jobs if not quick else [j for j in jobs if j[0] == "predict"]
+    results = _pool_map(_serving_job, quick_jobs, workers, progress, "serving rows")
+    preds: dict[int, dict[str, Any]] = {}
+    for res in results:
+        for r in res:
+            preds.setdefault(r["index"], {}).update({k: v for k, v in r.items() if v is not None or k not in preds.get(r["index"], {})})
+    out_rows = []
+    for c in cases:
+        p = preds.get(c.index, {})
+        status = c.status
+        reason = c.reason or p.get("error", "")
+        if status != "skip" and "predicted" not in p:
+            status, reason = "skip", reason or ("not run in quick mode" if quick else "no prediction")
+        pred = p.get("predicted", math.nan)
+        r = c.row
+        out_rows.append({
+            "source_id": r.get("source_id"), "gpu": r.get("gpu"), "model": r.get("model"), "precision": r.get("precision"),
+            "tp": r.get("tp"), "isl": r.get("isl"), "osl": r.get("osl"), "load_type": r.get("load_type"),
+            "load": r.get("concurrency_or_qps"), "spec_method": r.get("spec_method"),
+            "status": {"pin": "speculative (acceptance pinned on the series' lowest load)" if p.get("used_for_pinning")
+                       else "speculative (predicted)", "predict": "speculative (predicted)",
+                       "baseline": "baseline (predicted)", "skip": "skipped"}[status],
+            "reason": reason, "metric": c.metric, "measured": c.measured, "predicted": pred,
+            "ape": abs(pred - c.measured) / c.measured if status != "skip" and c.measured > 0 and pred == pred else math.nan,
+            "measured_speedup": p.get("measured_ratio", math.nan), "predicted_speedup": p.get("predicted_ratio", math.nan),
+            "pinned_alpha": p.get("pinned_alpha", math.nan),
+            "predicted_default": p.get("predicted_default", math.nan),
+            "simulation_stable": p.get("stable", None),
+            "predicted_output_tok_s_per_gpu": p.get("predicted_output_tok_s_per_gpu", math.nan),
+            "predicted_total_tok_s_per_gpu": p.get("predicted_total_tok_s_per_gpu", math.nan),
+            "assumptions": c.assumptions,
+        })
+    table = pd.DataFrame(out_rows)
+    return table, serving_summary(table)
+
+
+def serving_summary(t: pd.DataFrame) -> dict[str, Any]:
+    pred = t[(t.status == "speculative (predicted)") & t.ape.notna()]
+    base = t[(t.status == "baseline (predicted)") & t.ape.notna()]
+    skipped = t[t.status == "skipped"].reason.value_counts().to_dict()
+    out: dict[str, Any] = {"given": int(len(t)), "predicted_speculative": int(len(pred)),
+                           "pinned": int((t.status.str.contains("pinned")).sum()), "baselines": int(len(base)),
+                           "skipped": {str(k): int(v) for k, v in skipped.items()}, "groups": []}
+    for sid, g in pred.groupby("source_id"):
+        sp = g[g.measured_speedup.notna() & g.predicted_speedup.notna()]
+        out["groups"].append({"source_id": sid, "n": int(len(g)), "median_ape": float(g.ape.median()),
+                              "max_ape": float(g.ape.max()),
+                              "speedup_median_ape": float(ape(sp.predicted_speedup, sp.measured_speedup).mean()) if len(sp) else None})
+    out["baseline_groups"] = [{"source_id": sid, "n": int(len(g)), "median_ape": float(g.ape.median()),
+                               "max_ape": float(g.ape.max()),
+                               "overloaded": int((g.simulation_stable == False).sum())}  # noqa: E712
+                              for sid, g in base.groupby("source_id")]
+    out["rows"] = t.replace({np.nan: None}).to_dict(orient="records")
+    return out
 
 
 def serving_text(s: dict[str, Any]) -> list[str]:
-    return []
+    lines = [f"Serving rows (serving_vllm.csv, rocm_blog*): {s['given']} rows; {s['predicted_speculative']} speculative "
+             f"rows predicted, {s['pinned']} used to pin an acceptance rate, {s['baselines']} baselines predicted"]
+    lines.append(f"  {'source':36} {'load':>5} {'spec_method':40} {'metric':22} {'measured':>9} {'predicted':>9} {'err':>8}"
+                 f" {'defaults':>9}")
+    for r in s["rows"]:
+        if r["status"] == "skipped":
+            continue
+        err = "" if r["ape"] is None else f"{(r['predicted'] - r['measured']) / r['measured']:+8.1%}"
+        alpha = r.get("pinned_alpha")
+        bound = alpha is not None and alpha in (0.0, 1.0)
+        tag = (f" (pin, alpha={alpha:.2f}{': at its bound, the model cannot reach the measured speedup' if bound else ''})"
+               if "pinned" in r["status"] else (f" (alpha={alpha:.2f}{' at bound' if bound else ''})" if alpha is not None
+                                                else (" (overloaded)" if r.get("simulation_stable") is False else "")))
+        dflt = "" if r.get("predicted_default") is None else f"{r['predicted_default']:9,.1f}"
+        lines.append(f"  {str(r['source_id'])[:36]:36} {str(r['load']):>5} {str(r['spec_method'])[:40]:40} "
+                     f"{r['metric'][:22]:22} {r['measured']:9,.1f} {r['predicted']:9,.1f} {err:>8} {dflt:>9}{tag}")
+    for g in s["groups"]:
+        lines.append(f"  {g['source_id']}: {g['n']} speculative rows predicted, median |error| {g['median_ape']:.1%}, "
+                     f"max {g['max_ape']:.1%}")
+    for g in s.get("baseline_groups", []):
+        lines.append(f"  {g['source_id']}: {g['n']} baselines, median |error| {g['median_ape']:.1%}, max {g['max_ape']:.1%}"
+                     + (f", {g['overloaded']} simulated overloaded" if g["overloaded"] else ""))
+    lines.append("  skipped: " + "; ".join(f"{v}x {k}" for k, v in s["skipped"].items()))
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# Diagnostic: how the error depends on the inferred load
+# --------------------------------------------------------------------------------------------------
+
+def load_sensitivity(factors: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0), dataset: str = "GSM8K",
+                     rows: pd.DataFrame | None = None, quick: bool = True, progress: bool = True) -> pd.DataFrame:
+    """Evidence for the load model: each target's rows of one dataset simulated (methods.yaml
+    overheads) at C = factor x the C inferred from the baseline. Per target and factor: the simulated
+    baseline over the measured one, and the median signed / absolute error of the speedup. A factor
+    whose speedups fit while its baseline does not says the baseline step cost, not the drafting
+    cost, is what is wrong at that load."""
+    ppu = QUICK_PROMPTS_PER_USER if quick else PROMPTS_PER_USER
+    if rows is None:
+        rows = read_spec_measurements(default_spec_files()[0])
+    loads, failed = infer_loads(rows, workers=1, progress=progress, prompts_per_user=ppu)
+    out = []
+    for target, ld in loads.items():
+        g = rows[(rows.target == target) & (rows.dataset == dataset)]
+        measured_base = float(g["baseline_output_tok_s"].iloc[0]) if len(g) else math.nan
+        for f in factors:
+            c = max(1, int(round(ld.concurrency * f)))
+            base = _throughput(scenario_dict(ld.deployment, c, ppu))
+            at = LoadInference(ld.deployment, ld.measured_baseline_tok_s, c, base, (c, c), (base, base),
+                               num_prompts(c, ppu), 0)
+            err = []
+            for r in g.to_dict(orient="records"):
+                err.append(run_row(r, at, ppu).throughput() / base / float(r["speedup"]) - 1.0)
+            err = np.asarray(err)
+            out.append({"target": target, "factor": f, "concurrency": c, "baseline_sim_over_measured": base / measured_base,
+                        "median_signed_error": float(np.median(err)), "median_ape": float(np.median(np.abs(err))),
+                        "rows": int(len(err))})
+            if progress:
+                print(f"\rload sensitivity: {target} x{f}", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return pd.DataFrame(out)
