@@ -271,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("capacity: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into `head` and closed early
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover
