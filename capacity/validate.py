@@ -42,18 +42,25 @@ def model_aliases() -> dict[str, str]:
     return yaml.safe_load((data_dir() / "measurements" / "model_aliases.yaml").read_text()) or {}
 
 
-def read_measurements(path: Path) -> pd.DataFrame:
+def read_csv_checked(path: Path, required: tuple[str, ...] | list[str], kind: str) -> pd.DataFrame:
+    """A measurement CSV as strings; a missing file, broken CSV or missing column is one line."""
+    path = Path(path)
     if not path.is_file():
         raise CapacityError(f"measurement file {path} not found")
     try:
         df = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as e:  # pandas raises several types for a broken CSV
-        raise CapacityError(f"{path}: not a readable CSV ({e})") from None
-    missing = [c for c in SERVING_REQUIRED if c not in df.columns]
+        raise CapacityError(f"{path}: not a readable CSV ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    missing = [c for c in required if c not in df.columns]
     if missing:
-        raise CapacityError(f"{path}: not a serving measurement file, missing columns {', '.join(missing)} "
+        raise CapacityError(f"{path}: not a {kind} file, missing columns {', '.join(missing)} "
                             f"(schema: see capacity/data/measurements/README.md)")
-    df.insert(0, "file", path.name)
+    return df
+
+
+def read_measurements(path: Path) -> pd.DataFrame:
+    df = read_csv_checked(path, SERVING_REQUIRED, "serving measurement")
+    df.insert(0, "file", Path(path).name)
     df.insert(1, "row", np.arange(len(df)))
     return df
 

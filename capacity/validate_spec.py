@@ -109,17 +109,10 @@ def read_spec_measurements(path: str | Path) -> pd.DataFrame:
 
     Numeric columns are parsed; `per_position_acceptance` stays a space-separated string of marginal
     rates P(A >= k). Raises CapacityError naming the file and the missing columns."""
+    from capacity.validate import read_csv_checked
+
     path = Path(path)
-    if not path.is_file():
-        raise CapacityError(f"measurement file {path} not found")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except Exception as e:  # pandas raises several types for a broken CSV
-        raise CapacityError(f"{path}: not a readable CSV ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
-    missing = [c for c in SPEC_REQUIRED if c not in df.columns]
-    if missing:
-        raise CapacityError(f"{path}: not a speculative-speedup file, missing columns {', '.join(missing)} "
-                            f"(schema: {', '.join(SPEC_REQUIRED)})")
+    df = read_csv_checked(path, SPEC_REQUIRED, "speculative-speedup")
     for c in ("tp", "num_speculative_tokens", "mean_accepted_length", "baseline_output_tok_s", "output_tok_s",
               "speedup") + OPTIONAL_ENGINE:
         if c in df.columns:
