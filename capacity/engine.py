@@ -104,16 +104,15 @@ class StepRecorder:
         self.kv_used.extend([kv_used] * k)
         self.batch_tokens.extend(np.asarray(features.num_tokens, dtype=int).tolist())
         self.draft_s.extend(np.asarray(draft_s, dtype=float).tolist())
-        self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist() for x in (
-            features.num_tokens, features.num_seqs, features.num_sampled, features.attn_flops, features.kv_read_bytes))))
+        self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist()
+                                   for x in features.as_tuple())))
         for key, v in parts.items():
             self.parts[key] = self.parts.get(key, 0.0) + v
 
     def add_step(self, t: float, dt: float, waiting: int, running: int, kv_used: float,
                  batch_tokens: int, cost: StepTime, features: StepFeatures) -> None:
         self.num_steps += 1
-        self.features.append((features.num_tokens, features.num_seqs, features.num_sampled,
-                              features.attn_flops, features.kv_read_bytes))
+        self.features.append(features.as_tuple())
         self.draft_s.append(cost.parts_s.get("draft", 0.0))
         self.busy_s += dt
         self.t.append(t)
@@ -243,8 +242,7 @@ class Replica:
         self._in_run = False
         accepted, emitted, ctx, ends, durations = accepted[:K], emitted[:K], ctx[:K], ends[:K], durations[:K]
         parts = {key: v[:K] for key, v in parts.items()}
-        features = StepFeatures(*(np.asarray(x)[:K] for x in (
-            features.num_tokens, features.num_seqs, features.num_sampled, features.attn_flops, features.kv_read_bytes)))
+        features = features.first(K)
         # apply K steps
         look = self.spec.lookahead_tokens(k)
         new_blocks = np.maximum(self.kv_blocks_for(ctx[-1] + look), held)

@@ -43,14 +43,14 @@ class StepTime:
         return StepTime({k: self.parts_s.get(k, 0.0) + other.parts_s.get(k, 0.0) for k in keys})
 
 
-def expected_distinct_experts(num_experts: int, experts_per_token: int, num_tokens: float) -> float:
-    """Expected number of distinct experts a layer touches for `num_tokens` routed tokens.
-
-    Uniform routing: E · (1 − (1 − k/E)^n) (modelling_notes §3.1, [S21][S22]).
-    """
-    if num_experts <= 0 or num_tokens <= 0:
-        return 0.0
-    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** num_tokens)
+def expected_distinct_experts(num_experts: int, experts_per_token: int,
+                              num_tokens: np.ndarray | float) -> np.ndarray | float:
+    """Expected number of distinct experts a layer touches for `num_tokens` routed tokens
+    (scalar or array). Uniform routing: E · (1 − (1 − k/E)^n) (modelling_notes §3.1, [S21][S22])."""
+    if num_experts <= 0:
+        return np.zeros_like(num_tokens, dtype=float)
+    n = np.maximum(num_tokens, 0.0)
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ class StepFeatures:
     num_sampled: np.ndarray | float     # positions that need logits
     attn_flops: np.ndarray | float      # attention-score FLOPs, whole model (all TP ranks)
     kv_read_bytes: np.ndarray | float   # KV bytes read, whole model
+
+    def as_tuple(self) -> tuple:
+        return (self.num_tokens, self.num_seqs, self.num_sampled, self.attn_flops, self.kv_read_bytes)
+
+    def first(self, k: int) -> "StepFeatures":
+        """The first k steps of a many-step record."""
+        return StepFeatures(*(np.asarray(x)[:k] for x in self.as_tuple()))
 
 
 class StepCostModel:
@@ -125,7 +132,7 @@ class StepCostModel:
                                      m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
-            experts = m.num_experts * (1.0 - (1.0 - m.experts_per_token / m.num_experts) ** n_tok)
+            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, n_tok)
             parts["moe_gemm"] = np.maximum(
                 m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * eff["moe"]),
                 m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff["moe"]))

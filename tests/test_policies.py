@@ -12,23 +12,16 @@ import pytest
 
 from capacity.drafting import DraftCost
 from capacity.errors import CapacityError
+from capacity.acceptance import IIDAcceptance
 from capacity.hardware import load_gpu
 from capacity.models import load_model
 from capacity.policies import GoodputPolicy, OffAbovePolicy, StaticPolicy, policy_from_config
 from capacity.step_cost import StepCostModel
 
 
-class Geometric:
-    """Acceptance stub: every draft accepted with probability a, independently."""
-
-    def __init__(self, a: float):
-        self.a = a
-
-    def survival(self, n: int) -> np.ndarray:
-        return self.a ** np.arange(1, n + 1)
-
-    def expected_tokens(self, n: int) -> float:
-        return 1.0 + float(self.survival(n).sum())
+# every draft accepted with probability a, independently: S_j = a^j (the simulator's M0 model,
+# itself checked against (1 - a^(N+1)) / (1 - a) in tests/test_acceptance.py)
+Geometric = IIDAcceptance
 
 
 def linear_step(a: float, b: float, d: float):
