@@ -423,6 +423,7 @@ class DraftCost:
         self._extra_first_pass_tokens = int(extra) if extra.is_integer() else extra
         self._queries_per_seq_offset = float(m.cost.get("queries_per_seq_offset", 0))
         self._steps_memo: dict[tuple[int, float, int], dict[int, np.ndarray]] = {}
+        self._linear_memo: dict[tuple[int, float, float, float], float] = {}
 
         self.extra_swa_kv_bytes_per_token = 0.0
         self.extra_sliding_window: int | None = None
@@ -498,15 +499,24 @@ class DraftCost:
         return self.extra_kv_bytes_per_token * c + self.extra_swa_kv_bytes_per_token * swa + self.extra_state_bytes_per_seq
 
     # ------------------------------------------------------------------ pricing
-    @staticmethod
-    def _gemm(piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike,
+    def _gemm(self, piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike,
               attn_flops: ArrayLike = 0.0, kv_bytes: ArrayLike = 0.0) -> tuple[ArrayLike, ArrayLike]:
         """(linear layers + all-reduce, attention) seconds of one pass; nothing when it has no tokens."""
-        f = StepFeatures(num_tokens=tokens, num_seqs=seqs, num_sampled=sampled, attn_flops=attn_flops,
-                         kv_read_bytes=kv_bytes)
-        p = piece.cost.time_parts(f, with_overhead=False)
-        linear = sum(v for k, v in p.items() if k != "attention")
-        return linear * (tokens > 0), p["attention"] * (tokens > 0)
+        on = tokens > 0
+        return self._linear(piece, tokens, seqs, sampled) * on, piece.cost.attention_time(attn_flops, kv_bytes) * on
+
+    def _linear(self, piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike) -> ArrayLike:
+        """Seconds of a pass's linear layers and all-reduces (every part but attention), memoised for
+        scalar shapes: the drafter sees the same few (tokens, sequences) again and again."""
+        key = (id(piece), tokens, seqs, sampled) if type(tokens) is float and type(seqs) is float \
+            and type(sampled) is float else None
+        linear = self._linear_memo.get(key) if key else None
+        if linear is None:
+            f = StepFeatures(num_tokens=tokens, num_seqs=seqs, num_sampled=sampled, attn_flops=0.0, kv_read_bytes=0.0)
+            linear = sum(v for k, v in piece.cost.time_parts(f, with_overhead=False).items() if k != "attention")
+            if key:
+                self._linear_memo[key] = linear
+        return linear
 
     @staticmethod
     def _attention(piece: _Piece, seqs: ArrayLike, queries: ArrayLike, context: ArrayLike,

@@ -105,8 +105,7 @@ class StepRecorder:
         self.kv_used.extend([kv_used] * k)
         self.batch_tokens.extend(np.asarray(features.num_tokens, dtype=int).tolist())
         self.draft_s.extend(np.asarray(draft_s, dtype=float).tolist())
-        self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist()
-                                   for x in features.as_tuple())))
+        self.features.extend(zip(*(_per_step(x, k) for x in features.as_tuple())))
         for key, v in parts.items():
             self.parts[key] = self.parts.get(key, 0.0) + v
 
@@ -123,6 +122,12 @@ class StepRecorder:
         self.batch_tokens.append(batch_tokens)
         for k, v in cost.parts_s.items():
             self.parts[k] = self.parts.get(k, 0.0) + v
+
+
+def _per_step(x: np.ndarray | float, k: int) -> list[float]:
+    """A feature of k steps (an array, or one value for all) as k floats."""
+    x = np.asarray(x, dtype=float)
+    return x.tolist() if x.ndim else [float(x)] * k
 
 
 class Replica:
@@ -211,7 +216,7 @@ class Replica:
         K = int(min(self.max_run_steps, remaining.min()))
         if k:
             accepted = self.spec.sample_steps(ids, k, K, self.rng)
-            emitted = np.cumsum(accepted + 1, axis=0)               # tokens out by the end of step j (uncapped)
+            emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
             steps_before_finish = (emitted < remaining).sum(axis=0)  # per request
             K = min(K, int(steps_before_finish.min()) + 1)
             accepted, emitted = accepted[:K], emitted[:K]
@@ -236,9 +241,11 @@ class Replica:
         parts = self.cost.time_parts(step)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, ctx.sum(axis=1), k)
-        durations = np.broadcast_to(sum(parts.values()), (K,))
+        durations = sum(parts.values())
+        if not isinstance(durations, np.ndarray) or durations.ndim == 0:
+            durations = np.full(K, float(durations))
         start = env.now
-        ends = start + np.cumsum(durations)
+        ends = start + durations.cumsum()
         self._in_run = True
         try:
             yield env.timeout(ends[-1] - start)
@@ -269,13 +276,13 @@ class Replica:
             t.spec_steps[ids] += K
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
-            gaps.append(np.repeat(durations[1:], B))
+            gaps.append(durations[1:].repeat(B))
         self.recorder.itl_chunks.extend(gaps)
         t.last_emit[ids] = ends[-1]
         rec = self.recorder
         first_step = rec.num_steps
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                    {key: float(np.broadcast_to(v, (K,)).sum()) if np.ndim(v) == 0 else float(v[:K].sum())
+                    {key: float(v[:K].sum()) if isinstance(v, np.ndarray) and v.ndim else float(np.full(K, v).sum())
                      for key, v in parts.items()},
                     features.first(K), K, parts["draft"][:K] if k else np.zeros(K))
         done_mask = out >= target
@@ -303,7 +310,7 @@ class Replica:
             need = t.prompt[run] + out - computed            # known tokens not computed yet
             decoding = need == 1
             all_decoding = bool(decoding.all())
-            k = self.spec.num_spec_tokens(len(run), float(computed.mean())) if all_decoding or decoding.any() else 0
+            k = self.spec.num_spec_tokens(len(run), int(computed.sum()) / len(run)) if all_decoding or decoding.any() else 0
             spec = decoding * k
             need = need + spec
             if lim.long_prefill_token_threshold > 0:
@@ -406,38 +413,41 @@ class Replica:
     # ------------------------------------------------------------------ update
     def _update(self, ids: np.ndarray, new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
         t, now = self.table, self.env.now
+        out = t.out[ids]
         computed = t.computed[ids] + new_tokens
-        known = t.prompt[ids] + t.out[ids]
-        emits = computed >= known  # all known tokens computed: the step samples new tokens
+        emits = computed >= t.prompt[ids] + out  # all known tokens computed: the step samples new tokens
         accepted = np.zeros(len(ids), dtype=np.int64)
         drafted = emits & (num_spec > 0)
         if drafted.any():
-            accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
-            t.spec_drafted[ids[drafted]] += num_spec[drafted]
-            t.spec_accepted[ids[drafted]] += accepted[drafted]
-            t.spec_steps[ids[drafted]] += 1
+            d_ids, d_spec = ids[drafted], num_spec[drafted]
+            accepted[drafted] = d_acc = self.spec.sample_accepted(d_ids, d_spec, self.rng)
+            t.spec_drafted[d_ids] += d_spec
+            t.spec_accepted[d_ids] += d_acc
+            t.spec_steps[d_ids] += 1
             computed = computed - (num_spec - accepted) * drafted  # rejected drafts are rolled back
         t.computed[ids] = computed
         e_ids = ids[emits]
         if len(e_ids) == 0:
             return
-        emitted = np.minimum(accepted[emits] + 1, t.target[e_ids] - t.out[e_ids])
-        first = t.out[e_ids] == 0
-        t.first_token[e_ids[first]] = now
+        e_out, target = out[emits], t.target[e_ids]
+        new_out = np.minimum(e_out + accepted[emits] + 1, target)
+        first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
-        t.first_token_step[e_ids[first]] = step
+        if first.any():
+            t.first_token[e_ids[first]] = now
+            t.first_token_step[e_ids[first]] = step
         later = e_ids[~first]
         if len(later):
             self.recorder.itl_chunks.append(now - t.last_emit[later])
         t.last_emit[e_ids] = now
-        t.out[e_ids] += emitted
+        t.out[e_ids] = new_out
         t.num_chunks[e_ids] += 1
-        done = t.out[e_ids] >= t.target[e_ids]
+        done = new_out >= target
         if done.any():
             d_ids = e_ids[done]
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
             self.free_blocks += int(t.blocks[d_ids].sum())
             t.blocks[d_ids] = 0
-            self.running = self.running[~np.isin(self.running, d_ids)]
+            self.running = self.running[np.isnan(t.finish[self.running])]
             self.on_finish(d_ids)

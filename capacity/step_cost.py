@@ -230,9 +230,7 @@ class StepCostModel:
             parts["moe_gemm"] = np.maximum(
                 m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * eff["moe"]),
                 m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff["moe"]))
-        parts["attention"] = fast_maximum(
-            _float_or_array(f.attn_flops) / (tp * self._peak_attn * eff["attention"]),
-            _float_or_array(f.kv_read_bytes) / (self._kv_split * bw))
+        parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
             ring = 2.0 * (tp - 1) / tp
@@ -244,6 +242,15 @@ class StepCostModel:
                                  + eff["layer_overhead_us"] * 1e-6 * m.num_layers
                                  + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs))
         return parts
+
+    def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,
+                       efficiency: dict[str, float] | None = None) -> np.ndarray | float:
+        """Seconds of attention: its FLOPs at the attention peak or its KV reads at HBM bandwidth,
+        whichever takes longer (the 'attention' part of `time_parts`)."""
+        eff = self.efficiency if efficiency is None else efficiency
+        bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
+        return fast_maximum(_float_or_array(attn_flops) / (self.tp * self._peak_attn * eff["attention"]),
+                            _float_or_array(kv_read_bytes) / (self._kv_split * bw))
 
     def total_time(self, f: StepFeatures, efficiency: dict[str, float] | None = None) -> np.ndarray | float:
         return sum(self.time_parts(f, efficiency).values())
