@@ -136,8 +136,8 @@ class AcceptanceModel(Protocol):
 
 def _ids_spec(ids: np.ndarray, num_spec: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
-    spec = np.broadcast_to(np.asarray(num_spec, dtype=np.int64), ids.shape)
-    return ids, spec
+    spec = np.asarray(num_spec, dtype=np.int64)
+    return ids, (spec if spec.shape == ids.shape else np.broadcast_to(spec, ids.shape))
 
 
 def _count_below(thresholds_desc: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -526,12 +526,12 @@ class DraftCost:
         arrays are looked up in the piece's AttentionTables)."""
         arch = piece.arch
         if detail is not None:
-            q, c = detail
+            q, c = detail                     # q: per sequence, or one whole number for all
             c = np.maximum(c, q)
-            if q.dtype.kind in "iu" and c.dtype.kind in "iu":
+            if c.dtype.kind in "iu" and (isinstance(q, int) or q.dtype.kind in "iu"):
                 tables = piece.cost.tables
                 return float(tables.flops(q, c).sum()), float(tables.kv[c].sum())
-            q, c = q.astype(float), c.astype(float)
+            q, c = np.broadcast_to(q, c.shape).astype(float), c.astype(float)
             return float(arch.attention_flops(q, c).sum()), float(arch.kv_read_bytes(c).sum())
         q = np.asarray(queries, dtype=float)
         c = np.maximum(np.asarray(context, dtype=float), q)
@@ -557,8 +557,8 @@ class DraftCost:
             t1 = T + extra * B
             d1 = dl = None
             if detail is not None:
-                d1 = (detail[0] + extra, detail[1] + extra)
-                dl = (np.ones_like(detail[1]), detail[1])
+                d1 = (detail[0] + extra, detail[1] + extra) if extra else detail
+                dl = (1, detail[1])
             a1 = self._attention(self._first, B, t1 / safe_b, c_mean + extra, d1)
             g1, at1 = self._gemm(self._first, t1, B, B, *a1)
             al = self._attention(self._later, B, np.ones_like(B) if isinstance(B, np.ndarray) else 1.0, c_mean, dl)
@@ -575,7 +575,7 @@ class DraftCost:
             if detail is not None:
                 qd = q.flat[0] if isinstance(q, np.ndarray) else q
                 qd = int(qd) if float(qd).is_integer() else float(qd)
-                dq = (np.full_like(detail[1], qd), detail[1] + qd)
+                dq = (qd, detail[1] + qd)
             aq = self._attention(self._later, B, q, c_mean + q, dq)
             gq, atq = self._gemm(self._later, B * q, B, 0.0, *aq)
             rows = B * N
@@ -638,7 +638,9 @@ class DraftCost:
 
 def _scalar_or_array(x: ArrayLike) -> float | np.ndarray:
     """A scalar as a Python float, anything else as a float array (see DraftCost._parts)."""
-    return float(x) if np.ndim(x) == 0 else np.asarray(x, dtype=float)
+    if isinstance(x, np.ndarray):
+        return float(x) if x.ndim == 0 else x.astype(float, copy=False)
+    return float(x) if isinstance(x, (int, float, np.number)) else np.asarray(x, dtype=float)
 
 
 def _shaped(x: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
@@ -699,8 +701,9 @@ class SpeculativeDecoding:
         if len(ids) == 0:
             return StepTime({})
         context_tokens = np.asarray(context_tokens)
-        self._last_mean_context = float(context_tokens.mean())
-        n = int(np.max(num_spec)) if np.size(num_spec) else 0
+        self._last_mean_context = float(context_tokens.sum()) / len(context_tokens) \
+            if context_tokens.dtype.kind in "iu" else float(context_tokens.mean())   # the same number, faster
+        n = int(num_spec.max()) if isinstance(num_spec, np.ndarray) and num_spec.size else int(np.max(num_spec, initial=0))
         if n <= 0:
             n = self.num_spec_tokens(len(ids), self._last_mean_context)
         if n <= 0:

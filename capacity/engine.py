@@ -307,31 +307,46 @@ class Replica:
         decode_k = None
         if len(run):
             computed, out = t.computed[run], t.out[run]
-            need = t.prompt[run] + out - computed            # known tokens not computed yet
+            need = t.prompt[run] + out - computed            # known tokens not computed yet (>= 1)
             decoding = need == 1
             all_decoding = bool(decoding.all())
             k = self.spec.num_spec_tokens(len(run), int(computed.sum()) / len(run)) if all_decoding or decoding.any() else 0
             spec = decoding * k
-            need = need + spec
-            if lim.long_prefill_token_threshold > 0:
-                need = np.minimum(need, lim.long_prefill_token_threshold)
-            fits_budget = int(need.sum()) <= budget
-            sched = need if fits_budget else np.clip(budget - (np.cumsum(need) - need), 0, need)
+            if k:
+                need = need + spec
+            threshold = lim.long_prefill_token_threshold
+            if threshold > 0:
+                need = np.minimum(need, threshold)
+            total = int(need.sum())
+            fits_budget = total <= budget                    # then every request gets all it asks for
+            sched = need if fits_budget else np.clip(budget - (need.cumsum() - need), 0, need)
             lookahead = self.spec.lookahead_tokens(k)
             want_blocks = self._blocks[computed + sched + lookahead * (computed > 0) if lookahead else computed + sched]
-            keep = sched > 0
-            extra = np.maximum(want_blocks - t.blocks[run], 0) * keep
-            if extra.sum() > self.free_blocks:
+            extra = np.maximum(want_blocks - t.blocks[run], 0)
+            keep = None
+            if not fits_budget:
+                keep = sched > 0
+                extra *= keep
+            grow_blocks = int(extra.sum())
+            if grow_blocks > self.free_blocks:
                 keep, preempted = self._allocate_with_preemption(sched, extra)
                 run = self.running
                 sched, spec, want_blocks, extra = sched[: len(run)], spec[: len(run)], want_blocks[: len(run)], extra[: len(run)]
-            grow = keep & (extra > 0)
-            self.free_blocks -= int(extra[grow].sum())
-            t.blocks[run[grow]] = want_blocks[grow]
-            ids, new_tokens = run[keep], sched[keep]
-            num_spec = np.minimum(spec[keep], np.maximum(new_tokens - 1, 0))
-            budget -= int(new_tokens.sum())
-            if all_decoding and fits_budget and not preempted and bool((out > 0).all()):
+                extra = extra * keep
+                grow_blocks = int(extra.sum())
+            if grow_blocks:
+                grow = extra > 0
+                self.free_blocks -= grow_blocks
+                t.blocks[run[grow]] = want_blocks[grow]
+            if keep is None:
+                ids, new_tokens = run, sched
+                num_spec = spec if threshold == 0 else np.minimum(spec, np.maximum(sched - 1, 0))
+                budget -= total
+            else:
+                ids, new_tokens = run[keep], sched[keep]
+                num_spec = np.minimum(spec[keep], np.maximum(new_tokens - 1, 0))
+                budget -= int(new_tokens.sum())
+            if all_decoding and keep is None and bool((out > 0).all()):
                 decode_k = int(num_spec[0])   # every request got the same 1 + k tokens
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)

@@ -115,8 +115,13 @@ class AttentionTables:
             table = self._chunk[q] = TokenTable(fn)
         return table
 
-    def flops(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
-        """arch.attention_flops(new_tokens, context_tokens) for 1-D whole-number arrays."""
+    def flops(self, new_tokens: np.ndarray | int, context_tokens: np.ndarray) -> np.ndarray:
+        """arch.attention_flops(new_tokens, context_tokens) for 1-D whole-number arrays (new_tokens
+        may be one number for every sequence)."""
+        if isinstance(new_tokens, int):
+            if new_tokens <= self.MAX_CHUNK:
+                return self.chunk(new_tokens)[context_tokens]
+            new_tokens = np.full(len(context_tokens), new_tokens)
         if len(new_tokens) > self.MAX_ROWS:
             return self.arch.attention_flops(new_tokens, context_tokens)
         out = np.empty(len(new_tokens))
@@ -192,8 +197,8 @@ class StepCostModel:
             num_tokens=float(new_tokens.sum()),
             num_seqs=float(n),
             num_sampled=float(n if num_sampled is None else num_sampled),
-            attn_flops=float(np.sum(attn)) if n else 0.0,
-            kv_read_bytes=float(np.sum(kv)) if n else 0.0,
+            attn_flops=float(attn.sum()) if n else 0.0,
+            kv_read_bytes=float(kv.sum()) if n else 0.0,
         )
 
     def decode_features(self, context_tokens: np.ndarray, tokens_per_seq: int = 1) -> StepFeatures:
