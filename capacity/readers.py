@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.errors import CapacityError
 
@@ -57,8 +58,6 @@ RESULT_REQUIRED = ("duration", "completed", "total_input_tokens", "total_output_
                    "output_throughput")
 # The percentile statistic keys vLLM writes: {mean,median,std,pNN}_{ttft,tpot,itl,e2el}_ms.
 _STAT_KEY = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
-_PROM_LINE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 _SPEC_LOG = re.compile(r"SpecDecoding metrics:(?P<body>.*)$")
 _SPEC_LOG_V0 = re.compile(r"Speculative metrics: Draft acceptance rate")
 
@@ -330,27 +329,20 @@ def _check_record(rec: AcceptanceRecord) -> AcceptanceRecord:
     return rec
 
 
-def _prom_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _PROM_LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m["value"])
-        except ValueError:
-            continue
-        out.append((m["name"], dict(_LABEL.findall(m["labels"] or "")), value))
-    return out
+def _prom_samples(text: str, path: Path) -> list[tuple[str, dict[str, str], float]]:
+    """(sample name, labels, value) of every sample of a Prometheus text exposition."""
+    try:
+        return [(s.name, dict(s.labels), float(s.value))
+                for family in text_string_to_metric_families(text) for s in family.samples]
+    except (ValueError, TypeError, IndexError) as exc:
+        raise CapacityError(f"{path}: not a valid Prometheus text exposition ({exc}); save the server's /metrics "
+                            f"page as it is (curl -s http://HOST:PORT/metrics > FILE)") from None
 
 
 def read_prometheus(path: str | Path) -> AcceptanceRecord:
     """Speculative-decoding counters of one /metrics dump (totals since the server started)."""
     path = Path(path)
-    samples = _prom_samples(_text(path))
+    samples = _prom_samples(_text(path), path)
     total: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for name, labels, value in samples:
@@ -386,7 +378,7 @@ def read_prometheus(path: str | Path) -> AcceptanceRecord:
 def prometheus_totals(path: str | Path) -> dict[str, float]:
     """Every vllm:spec_decode_*_total counter of a dump, summed over engines (for inspection and tests)."""
     out: dict[str, float] = {}
-    for name, _labels, value in _prom_samples(_text(Path(path))):
+    for name, _labels, value in _prom_samples(_text(Path(path)), Path(path)):
         if name.startswith("vllm:spec_decode_") and name.endswith("_total"):
             out[name] = out.get(name, 0.0) + value
     return out
