@@ -402,7 +402,7 @@ class DraftCost:
     (StepCostModel on the draft architecture, same GPU and TP). See the module docstring for the
     per-method cost structure."""
 
-    _MEMO_BLOCK = 2048   # context sums per memoised block of `steps_time_s`
+    _MEMO_BLOCK_PER_SEQ = 512   # context sums per memoised block of `steps_time_s`, per sequence
 
     def __init__(self, method: DraftMethod | str, gpu: GpuProfile, target: ModelArch, draft: ModelArch | None,
                  tensor_parallel_size: int, num_speculative_tokens: int, overrides: dict[str, Any] | None = None):
@@ -616,7 +616,7 @@ class DraftCost:
         and one call over a block costs about what one run's call costs."""
         key = (int(num_decode_seqs), float(target_tokens), int(num_spec))
         blocks = self._steps_memo.setdefault(key, {})
-        size = self._MEMO_BLOCK
+        size = self._MEMO_BLOCK_PER_SEQ * key[0]      # C grows with B
         lo, hi = int(context_tokens_sum.min()) // size, int(context_tokens_sum.max()) // size
         for b in range(lo, hi + 1):
             if b not in blocks:
@@ -728,11 +728,12 @@ class SpeculativeDecoding:
 
     def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
                          num_spec: int) -> np.ndarray:
+        if num_spec > 0 and isinstance(num_seqs, (int, np.integer)) and isinstance(target_tokens, (float, int)) \
+                and isinstance(context_sum, np.ndarray) and context_sum.dtype.kind in "iu":
+            return self.draft_cost.steps_time_s(num_seqs, target_tokens, context_sum, num_spec)  # the engine's runs
         shape = np.broadcast_shapes(np.shape(target_tokens), np.shape(context_sum))
         if num_spec <= 0:
             return np.zeros(shape)
-        if np.ndim(num_seqs) == 0 and np.ndim(target_tokens) == 0 and np.asarray(context_sum).dtype.kind in "iu":
-            return self.draft_cost.steps_time_s(num_seqs, target_tokens, context_sum, num_spec)  # the engine's runs
         seqs = np.broadcast_to(np.asarray(num_seqs, dtype=float), shape)
         return np.asarray(self.draft_cost.time_s(seqs, target_tokens, context_sum, num_spec), dtype=float)
 
