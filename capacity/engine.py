@@ -79,55 +79,125 @@ class RequestTable:
 
 
 class StepRecorder:
-    """What a replica records per step for metrics: ITL gaps and a few time series."""
+    """What a replica records per step for metrics: ITL gaps and a few per-step series.
+
+    Steps come one at a time or as runs of steps (arrays). They are kept as they come and joined
+    into the per-step series (numpy arrays) and the per-component totals when first read: joining
+    them run by run would cost more than simulating the run. Totals add up in step order, as if
+    each step had been recorded on arrival.
+    """
+
+    _SERIES = ("t", "waiting", "running", "kv_used", "batch_tokens", "draft_s", "features")
 
     def __init__(self) -> None:
-        self.features: list[tuple[float, float, float, float, float]] = []
-        self.draft_s: list[float] = []
         self.itl_chunks: list[np.ndarray] = []
-        self.t: list[float] = []
-        self.waiting: list[int] = []
-        self.running: list[int] = []
-        self.kv_used: list[float] = []
-        self.batch_tokens: list[int] = []
-        self.parts: dict[str, float] = {}
         self.num_steps = 0
-        self.busy_s = 0.0
+        self._pending: list[tuple] = []                  # (is_run, record), in step order
+        self._series: dict[str, list[np.ndarray]] = {name: [] for name in self._SERIES}
+        self._parts: dict[str, float] = {}
+        self._busy_s = 0.0
 
     def add_run(self, ends: np.ndarray, durations: np.ndarray, running: int, kv_used: float,
-                parts: dict[str, float], features: StepFeatures, k: int, draft_s: np.ndarray) -> None:
-        """K identical-shape decode steps at once (see Replica._decode_run)."""
+                parts: dict[str, np.ndarray | float], features: StepFeatures, k: int,
+                draft_s: np.ndarray | None) -> None:
+        """k identical-shape decode steps at once (see Replica._decode_run). `parts` and `features`
+        hold one value per step (arrays, which may run past k) or one for every step."""
         self.num_steps += k
-        self.busy_s += float(durations.sum())
-        self.t.extend(ends.tolist())
-        self.waiting.extend([0] * k)
-        self.running.extend([running] * k)
-        self.kv_used.extend([kv_used] * k)
-        self.batch_tokens.extend(np.asarray(features.num_tokens, dtype=int).tolist())
-        self.draft_s.extend(np.asarray(draft_s, dtype=float).tolist())
-        self.features.extend(zip(*(_per_step(x, k) for x in features.as_tuple())))
-        for key, v in parts.items():
-            self.parts[key] = self.parts.get(key, 0.0) + v
+        self._pending.append((True, (ends, durations, running, kv_used, parts, features, k, draft_s)))
 
     def add_step(self, t: float, dt: float, waiting: int, running: int, kv_used: float,
                  batch_tokens: int, cost: StepTime, features: StepFeatures) -> None:
         self.num_steps += 1
-        self.features.append(features.as_tuple())
-        self.draft_s.append(cost.parts_s.get("draft", 0.0))
-        self.busy_s += dt
-        self.t.append(t)
-        self.waiting.append(waiting)
-        self.running.append(running)
-        self.kv_used.append(kv_used)
-        self.batch_tokens.append(batch_tokens)
-        for k, v in cost.parts_s.items():
-            self.parts[k] = self.parts.get(k, 0.0) + v
+        self._pending.append((False, (t, dt, waiting, running, kv_used, batch_tokens, cost, features)))
+
+    def _join(self) -> None:
+        if not self._pending:
+            return
+        cols: dict[str, list] = {name: [] for name in self._SERIES}
+        copies: dict[tuple[float, int], float] = {}      # the sum of k copies of a constant part
+        for is_run, record in self._pending:
+            if is_run:
+                ends, durations, running, kv_used, parts, features, k, draft_s = record
+                self._busy_s += float(durations.sum())
+                cols["t"].append(ends)
+                cols["waiting"].append(np.zeros(k, dtype=np.int64))
+                cols["running"].append(np.full(k, running, dtype=np.int64))
+                cols["kv_used"].append(np.full(k, kv_used))
+                cols["batch_tokens"].append(_per_step(features.num_tokens, k).astype(int))
+                cols["draft_s"].append(np.zeros(k) if draft_s is None else np.asarray(draft_s, dtype=float)[:k])
+                cols["features"].append(np.column_stack([_per_step(x, k) for x in features.as_tuple()]))
+                for key, v in parts.items():
+                    if isinstance(v, np.ndarray) and v.ndim:
+                        total = float(v[:k].sum())
+                    else:
+                        total = copies.get((v, k))
+                        if total is None:
+                            total = copies[(v, k)] = float(np.full(k, v).sum())
+                    self._parts[key] = self._parts.get(key, 0.0) + total
+            else:
+                t, dt, waiting, running, kv_used, batch_tokens, cost, features = record
+                self._busy_s += dt
+                for name, value in (("t", t), ("waiting", waiting), ("running", running), ("kv_used", kv_used),
+                                    ("batch_tokens", batch_tokens), ("draft_s", cost.parts_s.get("draft", 0.0))):
+                    cols[name].append([value])
+                cols["features"].append(np.array([features.as_tuple()], dtype=float))
+                for key, v in cost.parts_s.items():
+                    self._parts[key] = self._parts.get(key, 0.0) + v
+        self._pending = []
+        for name, chunks in cols.items():
+            self._series[name] = [np.concatenate(self._series[name] + chunks)]
+
+    def _joined(self, name: str) -> np.ndarray:
+        self._join()
+        chunks = self._series[name]
+        return chunks[0] if chunks else (np.zeros((0, 5)) if name == "features" else np.zeros(0))
+
+    @property
+    def t(self) -> np.ndarray:
+        """End time of each step."""
+        return self._joined("t")
+
+    @property
+    def waiting(self) -> np.ndarray:
+        return self._joined("waiting")
+
+    @property
+    def running(self) -> np.ndarray:
+        return self._joined("running")
+
+    @property
+    def kv_used(self) -> np.ndarray:
+        return self._joined("kv_used")
+
+    @property
+    def batch_tokens(self) -> np.ndarray:
+        return self._joined("batch_tokens")
+
+    @property
+    def draft_s(self) -> np.ndarray:
+        return self._joined("draft_s")
+
+    @property
+    def features(self) -> np.ndarray:
+        """StepFeatures.as_tuple() of each step, one row per step."""
+        return self._joined("features")
+
+    @property
+    def parts(self) -> dict[str, float]:
+        """Seconds by component, summed over the steps."""
+        self._join()
+        return self._parts
+
+    @property
+    def busy_s(self) -> float:
+        self._join()
+        return self._busy_s
 
 
-def _per_step(x: np.ndarray | float, k: int) -> list[float]:
-    """A feature of k steps (an array, or one value for all) as k floats."""
+def _per_step(x: np.ndarray | float, k: int) -> np.ndarray:
+    """A feature of k steps (an array, possibly longer, or one value for all) as k floats."""
     x = np.asarray(x, dtype=float)
-    return x.tolist() if x.ndim else [float(x)] * k
+    return x[:k] if x.ndim else np.full(k, float(x))
 
 
 class Replica:
@@ -281,10 +351,8 @@ class Replica:
         t.last_emit[ids] = ends[-1]
         rec = self.recorder
         first_step = rec.num_steps
-        rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                    {key: float(v[:K].sum()) if isinstance(v, np.ndarray) and v.ndim else float(np.full(K, v).sum())
-                     for key, v in parts.items()},
-                    features.first(K), K, parts["draft"][:K] if k else np.zeros(K))
+        rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, features, K,
+                    parts["draft"] if k else None)
         done_mask = out >= target
         if done_mask.any():
             d_ids = ids[done_mask]
