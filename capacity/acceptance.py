@@ -162,6 +162,7 @@ class _Stateless:
 
     def __init__(self) -> None:
         self._cache: dict[int, np.ndarray] = {}
+        self._neg_cache: dict[int, np.ndarray] = {}
 
     def _survival(self, n: int) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -184,10 +185,16 @@ class _Stateless:
         return 1.0 + float(self._surv(int(n)).sum())
 
     def _accept_all(self, u: np.ndarray, n: int) -> np.ndarray:
-        """Accepted drafts when every request drafts n (the engine's usual step)."""
+        """Accepted drafts when every request drafts n (the engine's usual step): _count_below with
+        the negated thresholds kept."""
         if n <= 0:
             return np.zeros(u.shape, dtype=np.int64)
-        return _count_below(self._surv(int(n)), u)
+        neg = self._neg_cache.get(n)
+        if neg is None:
+            neg = self._neg_cache[n] = -self._surv(int(n))
+        if len(neg) == 0:
+            return np.zeros(u.shape, dtype=np.int64)
+        return np.searchsorted(neg, -u, side="left").astype(np.int64, copy=False)
 
     def _accept(self, u: np.ndarray, spec: np.ndarray) -> np.ndarray:
         """u has shape (..., len(spec)); column i uses spec[i] drafts."""
@@ -208,8 +215,8 @@ class _Stateless:
 
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int,
                      rng: np.random.Generator) -> np.ndarray:
-        if np.ndim(num_spec) == 0:
-            return self._accept_all(rng.random((int(num_steps), np.size(ids))), int(num_spec))
+        if isinstance(num_spec, (int, np.integer)):
+            return self._accept_all(rng.random((int(num_steps), len(ids))), int(num_spec))
         ids, spec = _ids_spec(ids, num_spec)
         return self._accept(rng.random((int(num_steps), len(ids))), spec)
 

@@ -47,27 +47,38 @@ class EngineLimits:
     enable_chunked_prefill: bool = True
 
 
+# columns of RequestTable.ints: the counts the engine reads and updates together
+PROMPT, TARGET, OUT, COMPUTED, BLOCKS, CHUNKS, DRAFTED, ACCEPTED, SPEC_STEPS = range(9)
+
+
 class RequestTable:
-    """Per-request state of one simulation, as numpy arrays indexed by request id."""
+    """Per-request state of one simulation, as numpy arrays indexed by request id.
+
+    The counts the engine updates every step share one 2-D array, `ints` (one row per request,
+    columns PROMPT, TARGET, ...), so that a step reads and writes a batch's rows in one go; the
+    named attributes (`prompt`, `out`, ...) are views of its columns."""
 
     def __init__(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, arrival_s: np.ndarray):
         n = len(prompt_tokens)
-        self.prompt = np.asarray(prompt_tokens, dtype=np.int64)
-        self.target = np.asarray(output_tokens, dtype=np.int64)
+        self.ints = np.zeros((n, 9), dtype=np.int64)
+        self.prompt = self.ints[:, PROMPT]
+        self.target = self.ints[:, TARGET]
+        self.prompt[:] = np.asarray(prompt_tokens, dtype=np.int64)
+        self.target[:] = np.asarray(output_tokens, dtype=np.int64)
         self.arrival = np.array(arrival_s, dtype=np.float64)
-        self.out = np.zeros(n, dtype=np.int64)          # output tokens emitted so far
-        self.computed = np.zeros(n, dtype=np.int64)     # tokens whose KV is computed
-        self.blocks = np.zeros(n, dtype=np.int64)       # KV blocks held
+        self.out = self.ints[:, OUT]                    # output tokens emitted so far
+        self.computed = self.ints[:, COMPUTED]          # tokens whose KV is computed
+        self.blocks = self.ints[:, BLOCKS]              # KV blocks held
         self.replica = np.full(n, -1, dtype=np.int64)
         self.first_scheduled = np.full(n, np.nan)
         self.first_token = np.full(n, np.nan)
         self.finish = np.full(n, np.nan)
         self.last_emit = np.full(n, np.nan)
-        self.num_chunks = np.zeros(n, dtype=np.int64)
+        self.num_chunks = self.ints[:, CHUNKS]
         self.num_preemptions = np.zeros(n, dtype=np.int64)
-        self.spec_drafted = np.zeros(n, dtype=np.int64)
-        self.spec_accepted = np.zeros(n, dtype=np.int64)
-        self.spec_steps = np.zeros(n, dtype=np.int64)
+        self.spec_drafted = self.ints[:, DRAFTED]
+        self.spec_accepted = self.ints[:, ACCEPTED]
+        self.spec_steps = self.ints[:, SPEC_STEPS]
         # engine-step indices (per replica) of arrival, first token and finish, for re-pricing
         # a recorded schedule (calibrate.py)
         self.arrival_step = np.full(n, -1, dtype=np.int64)
@@ -281,7 +292,8 @@ class Replica:
         """
         t, env = self.table, self.env
         B = len(ids)
-        c0, o0, held, target = t.computed[ids], t.out[ids], t.blocks[ids], t.target[ids]
+        rows = t.ints[ids]                                           # this batch's counts (a copy)
+        c0, o0, held, target = rows[:, COMPUTED], rows[:, OUT], rows[:, BLOCKS], rows[:, TARGET]
         remaining = target - o0
         K = int(min(self.max_run_steps, remaining.min()))
         if k:
@@ -335,15 +347,16 @@ class Replica:
             last_blocks = self._blocks[ctx[-1] + look]
         new_blocks = np.maximum(last_blocks, held)
         self.free_blocks -= int((new_blocks - held).sum())
-        t.blocks[ids] = new_blocks
-        t.computed[ids] = c0 + emitted[-1]
         out = np.minimum(o0 + emitted[-1], target)
-        t.out[ids] = out
-        t.num_chunks[ids] += K
+        rows[:, COMPUTED] += emitted[-1]
+        rows[:, BLOCKS] = new_blocks
+        rows[:, OUT] = out
+        rows[:, CHUNKS] += K
         if k:
-            t.spec_drafted[ids] += k * K
-            t.spec_accepted[ids] += accepted.sum(axis=0)
-            t.spec_steps[ids] += K
+            rows[:, DRAFTED] += k * K
+            rows[:, ACCEPTED] += accepted.sum(axis=0)
+            rows[:, SPEC_STEPS] += K
+        t.ints[ids] = rows
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
             gaps.append(durations[1:].repeat(B))
@@ -374,8 +387,9 @@ class Replica:
         preempted = False
         decode_k = None
         if len(run):
-            computed, out = t.computed[run], t.out[run]
-            need = t.prompt[run] + out - computed            # known tokens not computed yet (>= 1)
+            rows = t.ints[run]
+            computed, out = rows[:, COMPUTED], rows[:, OUT]
+            need = rows[:, PROMPT] + out - computed          # known tokens not computed yet (>= 1)
             decoding = need == 1
             all_decoding = bool(decoding.all())
             k = self.spec.num_spec_tokens(len(run), int(computed.sum()) / len(run)) if all_decoding or decoding.any() else 0
@@ -390,7 +404,7 @@ class Replica:
             sched = need if fits_budget else np.clip(budget - (need.cumsum() - need), 0, need)
             lookahead = self.spec.lookahead_tokens(k)
             want_blocks = self._blocks[computed + sched + lookahead * (computed > 0) if lookahead else computed + sched]
-            extra = np.maximum(want_blocks - t.blocks[run], 0)
+            extra = np.maximum(want_blocks - rows[:, BLOCKS], 0)
             keep = None
             if not fits_budget:
                 keep = sched > 0
@@ -496,24 +510,28 @@ class Replica:
     # ------------------------------------------------------------------ update
     def _update(self, ids: np.ndarray, new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
         t, now = self.table, self.env.now
-        out = t.out[ids]
-        computed = t.computed[ids] + new_tokens
-        emits = computed >= t.prompt[ids] + out  # all known tokens computed: the step samples new tokens
+        rows = t.ints[ids]                                           # this batch's counts (a copy)
+        out = rows[:, OUT]
+        computed = rows[:, COMPUTED] + new_tokens
+        emits = computed >= rows[:, PROMPT] + out   # all known tokens computed: the step samples new tokens
         accepted = np.zeros(len(ids), dtype=np.int64)
         drafted = emits & (num_spec > 0)
         if drafted.any():
-            d_ids, d_spec = ids[drafted], num_spec[drafted]
-            accepted[drafted] = d_acc = self.spec.sample_accepted(d_ids, d_spec, self.rng)
-            t.spec_drafted[d_ids] += d_spec
-            t.spec_accepted[d_ids] += d_acc
-            t.spec_steps[d_ids] += 1
+            accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
+            rows[:, DRAFTED] += num_spec * drafted
+            rows[:, ACCEPTED] += accepted
+            rows[:, SPEC_STEPS] += drafted
             computed = computed - (num_spec - accepted) * drafted  # rejected drafts are rolled back
-        t.computed[ids] = computed
+        rows[:, COMPUTED] = computed
         e_ids = ids[emits]
         if len(e_ids) == 0:
+            t.ints[ids] = rows
             return
-        e_out, target = out[emits], t.target[e_ids]
+        e_out, target = out[emits], rows[emits, TARGET]
         new_out = np.minimum(e_out + accepted[emits] + 1, target)
+        rows[emits, OUT] = new_out
+        rows[:, CHUNKS] += emits
+        t.ints[ids] = rows
         first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
         if first.any():
@@ -523,8 +541,6 @@ class Replica:
         if len(later):
             self.recorder.itl_chunks.append(now - t.last_emit[later])
         t.last_emit[e_ids] = now
-        t.out[e_ids] = new_out
-        t.num_chunks[e_ids] += 1
         done = new_out >= target
         if done.any():
             d_ids = e_ids[done]
