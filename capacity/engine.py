@@ -125,18 +125,22 @@ class StepRecorder:
         if not self._pending:
             return
         cols: dict[str, list] = {name: [] for name in self._SERIES}
+        features: list[list[np.ndarray]] = [[] for _ in range(5)]
+        counts: list[int] = []                           # steps per record
         copies: dict[tuple[float, int], float] = {}      # the sum of k copies of a constant part
         for is_run, record in self._pending:
             if is_run:
-                ends, durations, running, kv_used, parts, features, k, draft_s = record
+                ends, durations, running, kv_used, parts, step_features, k, draft_s = record
                 self._busy_s += float(durations.sum())
+                counts.append(k)
                 cols["t"].append(ends)
-                cols["waiting"].append(np.zeros(k, dtype=np.int64))
-                cols["running"].append(np.full(k, running, dtype=np.int64))
-                cols["kv_used"].append(np.full(k, kv_used))
-                cols["batch_tokens"].append(_per_step(features.num_tokens, k).astype(int))
+                cols["waiting"].append(0)
+                cols["running"].append(running)
+                cols["kv_used"].append(kv_used)
+                cols["batch_tokens"].append(_per_step(step_features.num_tokens, k))
                 cols["draft_s"].append(np.zeros(k) if draft_s is None else np.asarray(draft_s, dtype=float)[:k])
-                cols["features"].append(np.column_stack([_per_step(x, k) for x in features.as_tuple()]))
+                for column, x in zip(features, step_features.as_tuple()):
+                    column.append(_per_step(x, k))
                 for key, v in parts.items():
                     if isinstance(v, np.ndarray) and v.ndim:
                         total = float(v[:k].sum())
@@ -146,17 +150,27 @@ class StepRecorder:
                             total = copies[(v, k)] = float(np.full(k, v).sum())
                     self._parts[key] = self._parts.get(key, 0.0) + total
             else:
-                t, dt, waiting, running, kv_used, batch_tokens, cost, features = record
+                t, dt, waiting, running, kv_used, batch_tokens, cost, step_features = record
                 self._busy_s += dt
-                for name, value in (("t", t), ("waiting", waiting), ("running", running), ("kv_used", kv_used),
-                                    ("batch_tokens", batch_tokens), ("draft_s", cost.parts_s.get("draft", 0.0))):
-                    cols[name].append([value])
-                cols["features"].append(np.array([features.as_tuple()], dtype=float))
+                counts.append(1)
+                cols["t"].append([t])
+                cols["waiting"].append(waiting)
+                cols["running"].append(running)
+                cols["kv_used"].append(kv_used)
+                cols["batch_tokens"].append([batch_tokens])
+                cols["draft_s"].append([cost.parts_s.get("draft", 0.0)])
+                for column, x in zip(features, step_features.as_tuple()):
+                    column.append([x])
                 for key, v in cost.parts_s.items():
                     self._parts[key] = self._parts.get(key, 0.0) + v
         self._pending = []
-        for name, chunks in cols.items():
-            self._series[name] = [np.concatenate(self._series[name] + chunks)]
+        new = {name: np.concatenate(cols[name]) for name in ("t", "draft_s")}
+        new["batch_tokens"] = np.concatenate(cols["batch_tokens"]).astype(int)
+        for name in ("waiting", "running", "kv_used"):                # one value per record
+            new[name] = np.repeat(np.asarray(cols[name]), counts)
+        new["features"] = np.column_stack([np.concatenate(column).astype(float) for column in features])
+        for name, values in new.items():
+            self._series[name] = [np.concatenate(self._series[name] + [values])]
 
     def _joined(self, name: str) -> np.ndarray:
         self._join()
