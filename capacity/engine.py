@@ -124,51 +124,53 @@ class StepRecorder:
     def _join(self) -> None:
         if not self._pending:
             return
-        cols: dict[str, list] = {name: [] for name in self._SERIES}
-        features: list[list[np.ndarray]] = [[] for _ in range(5)]
+        t_, waiting_, running_, kv_, tokens_, draft_ = ([] for _ in range(6))
+        features: list[list] = [[] for _ in range(5)]
         counts: list[int] = []                           # steps per record
         copies: dict[tuple[float, int], float] = {}      # the sum of k copies of a constant part
+        parts, busy_s = self._parts, self._busy_s
         for is_run, record in self._pending:
             if is_run:
-                ends, durations, running, kv_used, parts, step_features, k, draft_s = record
-                self._busy_s += float(durations.sum())
+                ends, durations, running, kv_used, step_parts, step_features, k, draft_s = record
+                busy_s += float(durations.sum())
                 counts.append(k)
-                cols["t"].append(ends)
-                cols["waiting"].append(0)
-                cols["running"].append(running)
-                cols["kv_used"].append(kv_used)
-                cols["batch_tokens"].append(_per_step(step_features.num_tokens, k))
-                cols["draft_s"].append(np.zeros(k) if draft_s is None else np.asarray(draft_s, dtype=float)[:k])
+                t_.append(ends)
+                waiting_.append(0)
+                running_.append(running)
+                kv_.append(kv_used)
+                tokens_.append(_per_step(step_features.num_tokens, k))
+                draft_.append(np.zeros(k) if draft_s is None else draft_s[:k])
                 for column, x in zip(features, step_features.as_tuple()):
                     column.append(_per_step(x, k))
-                for key, v in parts.items():
+                for key, v in step_parts.items():
                     if isinstance(v, np.ndarray) and v.ndim:
                         total = float(v[:k].sum())
                     else:
                         total = copies.get((v, k))
                         if total is None:
                             total = copies[(v, k)] = float(np.full(k, v).sum())
-                    self._parts[key] = self._parts.get(key, 0.0) + total
+                    parts[key] = parts.get(key, 0.0) + total
             else:
                 t, dt, waiting, running, kv_used, batch_tokens, cost, step_features = record
-                self._busy_s += dt
+                busy_s += dt
                 counts.append(1)
-                cols["t"].append([t])
-                cols["waiting"].append(waiting)
-                cols["running"].append(running)
-                cols["kv_used"].append(kv_used)
-                cols["batch_tokens"].append([batch_tokens])
-                cols["draft_s"].append([cost.parts_s.get("draft", 0.0)])
+                t_.append([t])
+                waiting_.append(waiting)
+                running_.append(running)
+                kv_.append(kv_used)
+                tokens_.append([batch_tokens])
+                draft_.append([cost.parts_s.get("draft", 0.0)])
                 for column, x in zip(features, step_features.as_tuple()):
                     column.append([x])
                 for key, v in cost.parts_s.items():
-                    self._parts[key] = self._parts.get(key, 0.0) + v
+                    parts[key] = parts.get(key, 0.0) + v
         self._pending = []
-        new = {name: np.concatenate(cols[name]) for name in ("t", "draft_s")}
-        new["batch_tokens"] = np.concatenate(cols["batch_tokens"]).astype(int)
-        for name in ("waiting", "running", "kv_used"):                # one value per record
-            new[name] = np.repeat(np.asarray(cols[name]), counts)
-        new["features"] = np.column_stack([np.concatenate(column).astype(float) for column in features])
+        self._busy_s = busy_s
+        new = {"t": np.concatenate(t_), "draft_s": np.concatenate(draft_).astype(float),
+               "batch_tokens": np.concatenate(tokens_).astype(int),
+               "features": np.column_stack([np.concatenate(column).astype(float) for column in features])}
+        for name, values in (("waiting", waiting_), ("running", running_), ("kv_used", kv_)):
+            new[name] = np.repeat(np.asarray(values), counts)          # one value per record
         for name, values in new.items():
             self._series[name] = [np.concatenate(self._series[name] + [values])]
 
@@ -548,10 +550,11 @@ class Replica:
         t.ints[ids] = rows
         first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
-        if first.any():
+        any_first = bool(first.any())
+        if any_first:
             t.first_token[e_ids[first]] = now
             t.first_token_step[e_ids[first]] = step
-        later = e_ids[~first]
+        later = e_ids[~first] if any_first else e_ids
         if len(later):
             self.recorder.itl_chunks.append(now - t.last_emit[later])
         t.last_emit[e_ids] = now
