@@ -48,7 +48,7 @@ from capacity.models import ModelArch, load_model
 from capacity.paths import data_dir
 from capacity.policies import SpeculationPolicy, policy_from_config
 from capacity.speculation import NoSpeculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime, fast_maximum
+from capacity.step_cost import StepCostModel, StepFeatures, StepTime, fast_maximum, int_sum
 
 if TYPE_CHECKING:
     from capacity.hardware import GpuProfile
@@ -631,7 +631,9 @@ class DraftCost:
         context_tokens = np.asarray(context_tokens)
         if len(new_tokens) == 0 or num_spec <= 0:
             return 0.0
-        p = self._parts(len(new_tokens), new_tokens.sum(), context_tokens.sum(), num_spec,
+        whole = new_tokens.dtype.kind in "iu" and context_tokens.dtype.kind in "iu"
+        p = self._parts(len(new_tokens), int_sum(new_tokens) if whole else new_tokens.sum(),
+                        int_sum(context_tokens) if whole else context_tokens.sum(), num_spec,
                         detail=(new_tokens, context_tokens))
         return float(sum(p.values()))
 
@@ -701,9 +703,10 @@ class SpeculativeDecoding:
         if len(ids) == 0:
             return StepTime({})
         context_tokens = np.asarray(context_tokens)
-        self._last_mean_context = float(context_tokens.sum()) / len(context_tokens) \
-            if context_tokens.dtype.kind in "iu" else float(context_tokens.mean())   # the same number, faster
-        n = int(num_spec.max()) if isinstance(num_spec, np.ndarray) and num_spec.size else int(np.max(num_spec, initial=0))
+        whole = context_tokens.dtype.kind in "iu"
+        self._last_mean_context = int_sum(context_tokens) / len(context_tokens) if whole \
+            else float(context_tokens.mean())   # the same number, faster
+        n = max(num_spec.tolist(), default=0) if isinstance(num_spec, np.ndarray) else int(np.max(num_spec, initial=0))
         if n <= 0:
             n = self.num_spec_tokens(len(ids), self._last_mean_context)
         if n <= 0:

@@ -32,7 +32,7 @@ import numpy as np
 import simpy
 
 from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime, TokenTable
+from capacity.step_cost import StepCostModel, StepFeatures, StepTime, TokenTable, all_true, any_true, int_min, int_sum
 
 
 @dataclass(frozen=True)
@@ -284,7 +284,7 @@ class Replica:
                 yield from self._decode_run(ids, decode_k)
                 continue
             context_end = t.computed[ids] + new_tokens
-            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()))
+            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)))
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
             cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
             dt = cost.total_s
@@ -292,7 +292,7 @@ class Replica:
             self._update(ids, new_tokens, num_spec)
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
                                    1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                                   int(new_tokens.sum()), cost, features)
+                                   int_sum(new_tokens), cost, features)
 
     # ------------------------------------------------------------------ decode runs
     def _decode_run(self, ids: np.ndarray, k: int):
@@ -311,12 +311,12 @@ class Replica:
         rows = t.ints[ids]                                           # this batch's counts (a copy)
         c0, o0, held, target = rows[:, COMPUTED], rows[:, OUT], rows[:, BLOCKS], rows[:, TARGET]
         remaining = target - o0
-        K = int(min(self.max_run_steps, remaining.min()))
+        K = min(self.max_run_steps, int_min(remaining))
         if k:
             accepted = self.spec.sample_steps(ids, k, K, self.rng)
             emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
             steps_before_finish = (emitted < remaining).sum(axis=0)  # per request
-            K = min(K, int(steps_before_finish.min()) + 1)
+            K = min(K, int_min(steps_before_finish) + 1)
             accepted, emitted = accepted[:K], emitted[:K]
             ctx = c0 + emitted - accepted + k                        # context at the end of step j
         else:                                                        # one token per step: the shortest finishes at K
@@ -324,7 +324,7 @@ class Replica:
             ctx = c0 + emitted
         look = self.spec.lookahead_tokens(k)
         last_blocks = self._blocks[ctx[-1] + look]
-        if K > 1 and np.maximum(last_blocks - held, 0).sum() > self.free_blocks:
+        if K > 1 and int_sum(np.maximum(last_blocks - held, 0)) > self.free_blocks:
             # blocks needed grow step by step: stop before the first step that would preempt
             need = np.maximum(self._blocks[ctx[1:] + look] - held, 0).sum(axis=1)
             K = 1 + int(np.argmin(need <= self.free_blocks))
@@ -362,7 +362,7 @@ class Replica:
         if last_blocks is None:
             last_blocks = self._blocks[ctx[-1] + look]
         new_blocks = np.maximum(last_blocks, held)
-        self.free_blocks -= int((new_blocks - held).sum())
+        self.free_blocks -= int_sum(new_blocks - held)
         out = np.minimum(o0 + emitted[-1], target)
         rows[:, COMPUTED] += emitted[-1]
         rows[:, BLOCKS] = new_blocks
@@ -383,11 +383,11 @@ class Replica:
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, features, K,
                     parts["draft"] if k else None)
         done_mask = out >= target
-        if done_mask.any():
+        if any_true(done_mask):
             d_ids = ids[done_mask]
             t.finish[d_ids] = ends[-1]
             t.finish_step[d_ids] = first_step + K - 1
-            self.free_blocks += int(new_blocks[done_mask].sum())
+            self.free_blocks += int_sum(new_blocks[done_mask])
             t.blocks[d_ids] = 0
             self.running = ids[~done_mask]            # a run schedules every running request, in order
             self.on_finish(d_ids)
@@ -407,15 +407,15 @@ class Replica:
             computed, out = rows[:, COMPUTED], rows[:, OUT]
             need = rows[:, PROMPT] + out - computed          # known tokens not computed yet (>= 1)
             decoding = need == 1
-            all_decoding = bool(decoding.all())
-            k = self.spec.num_spec_tokens(len(run), int(computed.sum()) / len(run)) if all_decoding or decoding.any() else 0
+            all_decoding = all_true(decoding)
+            k = self.spec.num_spec_tokens(len(run), int_sum(computed) / len(run)) if all_decoding or any_true(decoding) else 0
             spec = decoding * k
             if k:
                 need = need + spec
             threshold = lim.long_prefill_token_threshold
             if threshold > 0:
                 need = np.minimum(need, threshold)
-            total = int(need.sum())
+            total = int_sum(need)
             fits_budget = total <= budget                    # then every request gets all it asks for
             sched = need if fits_budget else np.clip(budget - (need.cumsum() - need), 0, need)
             lookahead = self.spec.lookahead_tokens(k)
@@ -425,13 +425,13 @@ class Replica:
             if not fits_budget:
                 keep = sched > 0
                 extra *= keep
-            grow_blocks = int(extra.sum())
+            grow_blocks = int_sum(extra)
             if grow_blocks > self.free_blocks:
                 keep, preempted = self._allocate_with_preemption(sched, extra)
                 run = self.running
                 sched, spec, want_blocks, extra = sched[: len(run)], spec[: len(run)], want_blocks[: len(run)], extra[: len(run)]
                 extra = extra * keep
-                grow_blocks = int(extra.sum())
+                grow_blocks = int_sum(extra)
             if grow_blocks:
                 grow = extra > 0
                 self.free_blocks -= grow_blocks
@@ -443,8 +443,8 @@ class Replica:
             else:
                 ids, new_tokens = run[keep], sched[keep]
                 num_spec = np.minimum(spec[keep], np.maximum(new_tokens - 1, 0))
-                budget -= int(new_tokens.sum())
-            if all_decoding and keep is None and bool((out > 0).all()):
+                budget -= int_sum(new_tokens)
+            if all_decoding and keep is None and all_true(out > 0):
                 decode_k = int(num_spec[0])   # every request got the same 1 + k tokens
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)
@@ -532,7 +532,7 @@ class Replica:
         emits = computed >= rows[:, PROMPT] + out   # all known tokens computed: the step samples new tokens
         accepted = np.zeros(len(ids), dtype=np.int64)
         drafted = emits & (num_spec > 0)
-        if drafted.any():
+        if any_true(drafted):
             accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
             rows[:, DRAFTED] += num_spec * drafted
             rows[:, ACCEPTED] += accepted
@@ -550,7 +550,7 @@ class Replica:
         t.ints[ids] = rows
         first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
-        any_first = bool(first.any())
+        any_first = any_true(first)
         if any_first:
             t.first_token[e_ids[first]] = now
             t.first_token_step[e_ids[first]] = step
@@ -559,11 +559,11 @@ class Replica:
             self.recorder.itl_chunks.append(now - t.last_emit[later])
         t.last_emit[e_ids] = now
         done = new_out >= target
-        if done.any():
+        if any_true(done):
             d_ids = e_ids[done]
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
-            self.free_blocks += int(t.blocks[d_ids].sum())
+            self.free_blocks += int_sum(t.blocks[d_ids])
             t.blocks[d_ids] = 0
             self.running = self.running[np.isnan(t.finish[self.running])]
             self.on_finish(d_ids)

@@ -69,6 +69,30 @@ def fast_maximum(a, b):
     return np.maximum(a, b)
 
 
+_FEW = 32   # below this many values, plain Python beats a numpy reduction call
+
+
+def int_sum(a: np.ndarray) -> int:
+    """int(a.sum()) of a 1-D integer array: plain Python for a few values (numpy's per-call cost
+    dwarfs the additions, and an integer sum does not depend on the order)."""
+    return sum(a.tolist()) if len(a) < _FEW else int(a.sum())
+
+
+def int_min(a: np.ndarray) -> int:
+    """int(a.min()) of a non-empty 1-D integer array (plain Python for a few values)."""
+    return min(a.tolist()) if len(a) < _FEW else int(a.min())
+
+
+def any_true(a: np.ndarray) -> bool:
+    """bool(a.any()) of a 1-D array (plain Python for a few values)."""
+    return any(a.tolist()) if len(a) < _FEW else bool(a.any())
+
+
+def all_true(a: np.ndarray) -> bool:
+    """bool(a.all()) of a 1-D array (plain Python for a few values)."""
+    return all(a.tolist()) if len(a) < _FEW else bool(a.all())
+
+
 class TokenTable:
     """fn(0), fn(1), ... of an elementwise function of a whole number of tokens, computed in one
     vectorised call and extended (doubling) when a larger count is asked for: an exact cache.
