@@ -534,21 +534,30 @@ class Replica:
         drafted = emits & (num_spec > 0)
         if any_true(drafted):
             accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
-            rows[:, DRAFTED] += num_spec * drafted
+            spec_drafted = num_spec * drafted
+            rows[:, DRAFTED] += spec_drafted
             rows[:, ACCEPTED] += accepted
             rows[:, SPEC_STEPS] += drafted
-            computed = computed - (num_spec - accepted) * drafted  # rejected drafts are rolled back
+            computed = computed - spec_drafted + accepted  # rejected drafts are rolled back
         rows[:, COMPUTED] = computed
-        e_ids = ids[emits]
-        if len(e_ids) == 0:
-            t.ints[ids] = rows
-            return
-        e_out, target = out[emits], rows[emits, TARGET]
-        new_out = np.minimum(e_out + accepted[emits] + 1, target)
-        rows[emits, OUT] = new_out
-        rows[:, CHUNKS] += emits
+        every = all_true(emits)                         # usual: decodes and whole prompts all emit
+        if every:
+            e_ids, e_out, target, e_accepted = ids, out, rows[:, TARGET], accepted
+        else:
+            e_ids = ids[emits]
+            if len(e_ids) == 0:
+                t.ints[ids] = rows
+                return
+            e_out, target, e_accepted = out[emits], rows[emits, TARGET], accepted[emits]
+        new_out = np.minimum(e_out + e_accepted + 1, target)
+        first = e_out == 0                              # before `out` (a view of rows) is overwritten
+        if every:
+            rows[:, OUT] = new_out
+            rows[:, CHUNKS] += 1
+        else:
+            rows[emits, OUT] = new_out
+            rows[:, CHUNKS] += emits
         t.ints[ids] = rows
-        first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
         any_first = any_true(first)
         if any_first:
