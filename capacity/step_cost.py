@@ -213,12 +213,13 @@ class StepCostModel:
         new_tokens = np.asarray(new_tokens)
         context_tokens = np.asarray(context_tokens)
         n = len(new_tokens)
-        if n and _whole_numbers(new_tokens, context_tokens):
+        whole = n and _whole_numbers(new_tokens, context_tokens)
+        if whole:
             attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
         elif n:
             attn, kv = self.model.attention_flops(new_tokens, context_tokens), self.model.kv_read_bytes(context_tokens)
         return StepFeatures(
-            num_tokens=float(new_tokens.sum()),
+            num_tokens=float(int_sum(new_tokens) if whole else new_tokens.sum()),
             num_seqs=float(n),
             num_sampled=float(n if num_sampled is None else num_sampled),
             attn_flops=float(attn.sum()) if n else 0.0,
