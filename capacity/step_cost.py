@@ -99,7 +99,8 @@ class TokenTable:
 
     The engine asks the same per-sequence questions (KV bytes or blocks at c tokens, attention
     FLOPs of a q-token chunk ending at c) for a handful of sequences thousands of times, where
-    numpy's per-call overhead, not the arithmetic, is the cost. Index with an int or an int array.
+    numpy's per-call overhead, not the arithmetic, is the cost. Index with a whole number >= 0 or
+    an array of them (a negative index would wrap around, as numpy's do).
     """
 
     def __init__(self, fn: Callable[[np.ndarray], np.ndarray]):
@@ -151,12 +152,12 @@ class AttentionTables:
         out = np.empty(len(new_tokens))
         rest = []
         for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
-            if q == c:
+            if q == c >= 0:
                 out[i] = self._whole[c]
-            elif q <= self.MAX_CHUNK:
+            elif 0 <= q <= self.MAX_CHUNK and c >= q:
                 out[i] = self.chunk(q)[c]
             else:
-                rest.append(i)
+                rest.append(i)   # a prompt chunk, or not valid (the function says why)
         if rest:
             out[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
         return out
@@ -253,7 +254,7 @@ class StepCostModel:
         dense_flops = self._dense_flops_per_token * n_tok + self._lm_head_flops * _float_or_array(f.num_sampled)
         parts: dict[str, np.ndarray | float] = {
             "dense_gemm": fast_maximum(dense_flops / (tp * self._peak_dense * eff["gemm"]),
-                                   m.dense_weight_bytes / (tp * bw)),
+                                       m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, np.asarray(n_tok))
