@@ -33,15 +33,15 @@ from capacity.errors import CapacityError
 from capacity.hardware import GpuProfile, load_gpu, save_profile
 from capacity.step_cost import StepCostModel, StepFeatures
 
-FITTED_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
+FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms")
-BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
+BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
           "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
 # mid-range efficiencies and small overheads. Not a prior: the better of the two fits is kept.
-NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
+NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0}
 
 
@@ -161,10 +161,19 @@ def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pri
     return np.asarray(res)
 
 
+def identifiable_keys(pricers: list[Repricer], keys: tuple[str, ...] = FITTED_KEYS) -> tuple[str, ...]:
+    """The keys the rows depend on: an MoE efficiency entry (`moe`, `moe_int4`) that no row's model
+    uses would take an arbitrary value, so it is left out of the fit and keeps its start value."""
+    used = {p.cost.moe_efficiency_key for p in pricers if p.cost.model.num_moe_layers}
+    return tuple(k for k in keys if k not in ("moe", "moe_int4") or k in used)
+
+
 def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS) -> dict[str, float]:
-    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss)."""
+    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss), over the
+    keys the rows identify (`identifiable_keys`); the others keep their start values."""
     if not pricers:
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
+    keys = identifiable_keys(pricers, keys)
     lo = np.array([BOUNDS[k][0] for k in keys])
     hi = np.array([BOUNDS[k][1] for k in keys])
     best = None
@@ -273,7 +282,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
             result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
     if out:
         used = ", ".join(sorted({f"{p.rec.row.get('source_id', p.rec.row['file'])}" for p in train}))
-        save_profile(profile, out, {k: fitted[k] for k in FITTED_KEYS},
+        save_profile(profile, out, {k: fitted[k] for k in identifiable_keys(train)},
                      f"capacity calibrate on {len(train)} rows of {used} ({', '.join(p.name for p in paths)}), {date.today()}")
         result.out = out
     return result
