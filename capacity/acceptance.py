@@ -86,8 +86,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import yaml
-from scipy.optimize import brentq
-from scipy.special import ndtri
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
@@ -185,10 +183,19 @@ class _Stateless:
     def expected_tokens(self, n: int) -> float:
         return 1.0 + float(self._surv(int(n)).sum())
 
+    def _accept_all(self, u: np.ndarray, n: int) -> np.ndarray:
+        """Accepted drafts when every request drafts n (the engine's usual step)."""
+        if n <= 0:
+            return np.zeros(u.shape, dtype=np.int64)
+        return _count_below(self._surv(int(n)), u)
+
     def _accept(self, u: np.ndarray, spec: np.ndarray) -> np.ndarray:
         """u has shape (..., len(spec)); column i uses spec[i] drafts."""
+        values = set(spec.tolist())
+        if len(values) == 1:
+            return self._accept_all(u, values.pop())
         out = np.zeros(u.shape, dtype=np.int64)
-        for n in np.unique(spec):
+        for n in sorted(values):
             if n <= 0:
                 continue
             cols = spec == n
@@ -201,6 +208,8 @@ class _Stateless:
 
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int,
                      rng: np.random.Generator) -> np.ndarray:
+        if np.ndim(num_spec) == 0:
+            return self._accept_all(rng.random((int(num_steps), np.size(ids))), int(num_spec))
         ids, spec = _ids_spec(ids, num_spec)
         return self._accept(rng.random((int(num_steps), len(ids))), spec)
 
@@ -293,6 +302,8 @@ _GL_NODES, _GL_WEIGHTS = np.polynomial.legendre.leggauss(96)
 
 def _latent_thresholds(surv: np.ndarray) -> np.ndarray:
     """c_j = Phi^-1(S_j): A >= j  <=>  X < c_j for a standard normal X."""
+    from scipy.special import ndtri   # imported when first needed: scipy takes about a second to import
+
     with np.errstate(divide="ignore"):
         return ndtri(np.clip(surv, 0.0, 1.0))
 
@@ -326,6 +337,8 @@ def _latent_corr_for(c: np.ndarray, s: np.ndarray, target: float) -> float:
         return 0.0
     if target >= 1.0:
         return 1.0
+    from scipy.optimize import brentq   # imported when first needed: scipy takes about a second to import
+
     return float(brentq(lambda r: _lag_cov(c, s, r) / var - target, 0.0, 1.0, xtol=1e-10))
 
 
@@ -742,6 +755,8 @@ def _chat_factor(math_rates: np.ndarray, ratio: float) -> float:
     target = ratio * _tau(math_rates, _CHAT_MATCH_DRAFTS)
     if _tau(math_rates * 0.0, _CHAT_MATCH_DRAFTS) >= target:
         return 0.0
+    from scipy.optimize import brentq   # imported when first needed: scipy takes about a second to import
+
     return float(brentq(lambda c: _tau(math_rates * c, _CHAT_MATCH_DRAFTS) - target, 0.0, 1.0, xtol=1e-10))
 
 

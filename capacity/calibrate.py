@@ -11,10 +11,21 @@ request is sent when one finishes, i.e. at a step boundary). So each row is simu
 per-step features are kept (tokens, sequences, attention FLOPs, KV bytes), and for a candidate
 parameter set the step durations are priced with numpy and the row's latencies and throughputs
 read off their cumulative sum — the same numbers a full simulation with those parameters gives.
+That is exact for a closed loop with request_overhead_ms = 0. With a request delay, and for
+open-loop (Poisson/gamma) runs, the schedule depends on timing: open-loop rows are re-priced with
+their idle gaps kept (a busy period starts at the later of the previous step's end and the
+recorded wake-up, shifted by the change in request delay), and `rounds` > 1 re-records every row
+with the fitted parameters and fits again, so the last fit is made on schedules simulated at
+(nearly) the fitted values.
+
+Input: any file `capacity.readers` knows (vllm bench serve results, the serving CSV schema;
+speculative-decoding counters become acceptance profiles). Only parameters the runs can identify
+are fitted (`identifiable_keys`); the others keep the profile's value and are reported.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -58,29 +69,46 @@ class RecordedRow:
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
     num_gpus: int
+    open_loop: bool
+    arrival_s: np.ndarray          # send times (s); closed loop: when the engine dispatched them
+    step_end_s: np.ndarray         # recorded step end times (s)
+    dispatch_step: np.ndarray      # closed loop: step at whose end a request was sent (-1: at t = 0)
+    record_eff: dict[str, float]   # efficiency the schedule was recorded with
 
 
-def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER_USER) -> RecordedRow | str:
-    """Simulate a row once and keep its schedule; a string says why it cannot be recorded."""
+def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER_USER,
+               efficiency: dict[str, float] | None = None) -> RecordedRow | str:
+    """Simulate a row once (at `efficiency`, default the profile's) and keep its schedule; a string says
+    why it cannot be recorded."""
     from capacity import scenario as scenario_mod, simulate
 
     sc, reason = validate.row_scenario(row, prompts_per_user)
     if sc is None:
         return reason
-    if sc["traffic"]["arrival"]["process"] != "closed_loop" or sc["deployment"]["replicas"] != 1:
-        return "only closed-loop single-replica rows can be re-priced"
+    if sc["deployment"]["replicas"] != 1:
+        return "only single-replica rows can be re-priced"
+    if efficiency:
+        sc["deployment"]["gpu_overrides"] = {"efficiency": dict(efficiency)}
     try:
-        res = simulate.run(scenario_mod.from_dict(sc, sc["name"]))
+        scenario = scenario_mod.from_dict(sc, sc["name"])
+        res = simulate.run(scenario, stream=validate.row_stream(row, sc))
     except CapacityError as e:
         return str(e)
     rep = res.cluster.replicas[0]
     t = res.cluster.table
     if np.any(np.isnan(t.finish)):
         return "the simulation did not finish every request"
+    open_loop = sc["traffic"]["arrival"]["process"] != "closed_loop"
+    ends = np.asarray(rep.recorder.t, dtype=float)
+    idx = np.searchsorted(ends, t.arrival, side="left")
+    hit = (idx < len(ends)) & (np.abs(ends[np.minimum(idx, len(ends) - 1)] - t.arrival) < 1e-9) & (t.arrival > 0)
+    dispatch = np.where(hit, idx, -1)
     return RecordedRow(row=row, scenario=sc, features=np.asarray(rep.recorder.features, dtype=float),
                        arrival_step=t.arrival_step.copy(), first_token_step=t.first_token_step.copy(),
                        finish_step=t.finish_step.copy(), prompt_tokens=t.prompt.copy(),
-                       output_tokens=t.target.copy(), num_gpus=res.num_gpus)
+                       output_tokens=t.target.copy(), num_gpus=res.num_gpus, open_loop=open_loop,
+                       arrival_s=t.arrival.copy(), step_end_s=ends, dispatch_step=dispatch,
+                       record_eff=dict(res.deployed.gpu.efficiency))
 
 
 class Repricer:
@@ -95,22 +123,63 @@ class Repricer:
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"])
         f = rec.features
         self.features = StepFeatures(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])
+        # the first step whose recorded start is at or after a request reached the engine
+        starts = rec.step_end_s - np.asarray(self.cost.total_time(self.features, rec.record_eff), dtype=float)
+        reach = rec.arrival_s + rec.record_eff["request_overhead_ms"] * 1e-3
+        self.join_step = np.minimum(np.searchsorted(starts, reach - 1e-9, side="left"), len(starts) - 1)
+
+    def _ends(self, durations: np.ndarray, efficiency: dict[str, float]) -> np.ndarray:
+        """Step end times of the recorded schedule with new step durations.
+
+        Steps run back to back, except that no step can start before the requests it first schedules
+        have reached the engine: a request sent at a (open loop: recorded; closed loop: the end of the
+        step that freed its slot) arrives after the request delay d, so the first step that recorded it
+        starts at >= a + d. With C the cumulative durations, end_k = C_k + max_{j<=k}(L_j - C_{j-1})
+        (L_j: the latest such bound on step j). A closed loop's bounds depend on earlier ends, so it is
+        iterated to its fixed point. At the recording parameters this reproduces the simulation exactly.
+        """
+        r = self.rec
+        d = efficiency["request_overhead_ms"] * 1e-3
+        c = np.cumsum(durations)
+        c_prev = c - durations
+        n_steps = len(durations)
+
+        def ends_for(bounds: np.ndarray) -> np.ndarray:
+            return c + np.maximum.accumulate(bounds - c_prev)
+
+        base = np.full(n_steps, -np.inf)
+        if r.open_loop:
+            np.maximum.at(base, self.join_step, r.arrival_s + d)
+            return ends_for(base)
+        first = r.dispatch_step < 0
+        base[0] = 0.0
+        np.maximum.at(base, self.join_step[first], d)
+        later = ~first
+        ends = ends_for(base)
+        for _ in range(len(r.dispatch_step) + 1):
+            bounds = base.copy()
+            np.maximum.at(bounds, self.join_step[later], ends[r.dispatch_step[later]] + d)
+            new = ends_for(bounds)
+            if np.array_equal(new, ends):
+                break
+            ends = new
+        return ends
 
     def predict(self, efficiency: dict[str, float]) -> dict[str, float]:
         r = self.rec
-        durations = self.cost.total_time(self.features, efficiency)
-        ends = np.cumsum(durations)
-        arrival = np.where(r.arrival_step > 0, ends[np.maximum(r.arrival_step - 1, 0)], 0.0)
+        durations = np.asarray(self.cost.total_time(self.features, efficiency), dtype=float)
+        out = r.output_tokens
+        ends = self._ends(durations, efficiency)
         first = ends[r.first_token_step]
         finish = ends[r.finish_step]
-        out = r.output_tokens
+        if r.open_loop:
+            arrival = r.arrival_s
+            duration = float(finish.max() - arrival.min())
+        else:   # a closed-loop request is sent when another finishes, at that step's end (or at t = 0)
+            arrival = np.where(r.dispatch_step >= 0, ends[np.maximum(r.dispatch_step, 0)], 0.0)
+            duration = float(finish.max())
         multi = out > 1
         tpot = (finish[multi] - first[multi]) / (out[multi] - 1) * 1e3
-        duration = ends[-1]
-        # the serving-stack delay before a request reaches the scheduler adds to TTFT and E2E; the
-        # small shift it causes in which step a request joins is ignored here (the DES models it)
-        delay = efficiency["request_overhead_ms"] * 1e-3
-        first, finish = first + delay, finish + delay
         stat = np.mean if str(r.row.get("latency_stat", "median")).lower().startswith("mean") else np.median
         tpot_stat = float(stat(tpot))
         return {
@@ -128,10 +197,11 @@ def _record_star(args):
 
 
 def record_rows(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
-                prompts_per_user: int = validate.PROMPTS_PER_USER) -> list[RecordedRow | str]:
-    jobs = [(r, prompts_per_user) for r in rows.to_dict(orient="records")]
+                prompts_per_user: int = validate.PROMPTS_PER_USER,
+                efficiency: dict[str, float] | None = None) -> list[RecordedRow | str]:
+    jobs = [(r, prompts_per_user, efficiency) for r in rows.to_dict(orient="records")]
     out: list[RecordedRow | str] = []
-    workers = max(1, min(workers, os.cpu_count() or 1))
+    workers = max(1, min(workers, os.cpu_count() or 1, len(jobs) or 1))
     if workers == 1:
         it = map(_record_star, jobs)
     else:
@@ -148,42 +218,74 @@ def record_rows(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
     return out
 
 
-def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pricers: list[Repricer]) -> np.ndarray:
+def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pricers: list[Repricer],
+               metrics: tuple[str, ...] = FIT_METRICS) -> np.ndarray:
     eff = dict(base)
     eff.update(zip(keys, x))
     res = []
     for p in pricers:
         pred = p.predict(eff)
-        for m in FIT_METRICS:
+        for m in metrics:
             meas = validate._num(p.rec.row.get(m))
             if meas > 0 and not math.isnan(meas):
                 res.append(math.log(pred[f"predicted_{m}"] / meas))
     return np.asarray(res)
 
 
-def identifiable_keys(pricers: list[Repricer], keys: tuple[str, ...] = FITTED_KEYS) -> tuple[str, ...]:
-    """The keys the rows depend on: an MoE efficiency entry (`moe`, `moe_int4`) that no row's model
-    uses would take an arbitrary value, so it is left out of the fit and keeps its start value."""
-    used = {p.cost.moe_efficiency_key for p in pricers if p.cost.model.num_moe_layers}
-    return tuple(k for k in keys if k not in ("moe", "moe_int4") or k in used)
+def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
+                      metrics: tuple[str, ...] = FIT_METRICS) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The FITTED_KEYS these runs can pin down, and why each other one is left at the profile value.
+
+    Structural rules: moe needs a MoE model (moe_int4 one with int4 experts), allreduce a run with TP > 1, layer_overhead_us runs of
+    models with different layer counts (with one layer count it is the same constant per step as
+    step_overhead_ms). Then a sensitivity test: a key whose 10 % change moves no fitted metric by
+    more than 0.1 % (log-residual norm) is not identifiable from these runs.
+    """
+    why: dict[str, str] = {}
+    models = [p.cost.model for p in pricers]
+    moe_keys = {p.cost.moe_efficiency_key for p in pricers if p.cost.model.num_moe_layers}
+    if "moe" not in moe_keys:
+        why["moe"] = "no MoE model with fp8/fp4/bf16 experts in the runs"
+    if "moe_int4" not in moe_keys:
+        why["moe_int4"] = "no MoE model with int4 (W4A16) experts in the runs"
+    if all(p.cost.tp == 1 for p in pricers):
+        why["allreduce"] = "every run is TP=1 (no all-reduce)"
+    if len({m.num_layers for m in models}) < 2:
+        why["layer_overhead_us"] = ("one layer count in the runs: a per-layer overhead is the same constant per "
+                                    "step as step_overhead_ms (fitted)")
+    keys = [k for k in FITTED_KEYS if k not in why]
+    x0 = np.array([start[k] for k in keys])
+    r0 = _residuals(x0, tuple(keys), start, pricers, metrics)
+    for i, k in enumerate(keys):
+        x = x0.copy()
+        x[i] = x0[i] * 1.1 if x0[i] > 0 else {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0}.get(k, 5.0)
+        if np.linalg.norm(_residuals(x, tuple(keys), start, pricers, metrics) - r0) < 1e-3:
+            why[k] = "no fitted metric of these runs moves when it changes"
+    return tuple(k for k in keys if k not in why), why
 
 
-def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS) -> dict[str, float]:
-    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss), over the
-    keys the rows identify (`identifiable_keys`); the others keep their start values."""
+def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS,
+        metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None) -> dict[str, float]:
+    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss)."""
     if not pricers:
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
-    keys = identifiable_keys(pricers, keys)
+    if not keys:
+        return dict(start)
     lo = np.array([BOUNDS[k][0] for k in keys])
     hi = np.array([BOUNDS[k][1] for k in keys])
     best = None
     for origin in (start, NEUTRAL_START):
         x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
-        sol = least_squares(_residuals, x0, bounds=(lo, hi), args=(keys, start, pricers), loss="soft_l1",
+        sol = least_squares(_residuals, x0, bounds=(lo, hi), args=(keys, start, pricers, metrics), loss="soft_l1",
                             f_scale=0.1, x_scale=np.maximum(x0, 1e-2))
         if best is None or sol.cost < best.cost:
             best = sol
     sol = best
+    if info is not None:
+        info["converged"] = bool(sol.success)
+        info["message"] = str(sol.message)
+        info["at_bound"] = [k for k, v in zip(keys, sol.x) if k in ("gemm", "moe", "hbm", "attention", "allreduce")
+                            and v >= BOUNDS[k][1] - 1e-3]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})
     return fitted
@@ -192,8 +294,12 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
 def predictions(pricers: list[Repricer], eff: dict[str, float]) -> pd.DataFrame:
     rows = []
     for p in pricers:
-        rows.append({**p.rec.row, **p.predict(eff), "skipped": None})
+        row = {k: v for k, v in p.rec.row.items() if k not in _LIST_COLUMNS}
+        rows.append({**row, **p.predict(eff), "skipped": None})
     return pd.DataFrame(rows)
+
+
+_LIST_COLUMNS = ("input_lens", "output_lens", "start_times")
 
 
 @dataclass
@@ -208,6 +314,12 @@ class CalibrationResult:
     lomo_errors: list[dict[str, Any]] = field(default_factory=list)
     lomo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
     out: str | None = None
+    fitted_keys: tuple[str, ...] = FITTED_KEYS
+    not_fitted: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    fitted_on: str = ""
+    acceptance: list[dict[str, Any]] = field(default_factory=list)
+    acceptance_out: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self.__dict__.copy()
@@ -217,9 +329,12 @@ class CalibrationResult:
                  + (f" (skipped: {', '.join(f'{n}× {r}' for r, n in self.skipped.items())})" if self.skipped else "")]
         lines.append("parameter              start    fitted")
         for k in FITTED_KEYS:
-            lines.append(f"{k:20} {self.start[k]:8.3f} {self.fitted[k]:9.3f}")
+            tag = "" if k in self.fitted_keys else f"   not fitted: {self.not_fitted.get(k, 'held fixed')}"
+            lines.append(f"{k:20} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
+        for w in self.warnings:
+            lines.append(f"warning: {w}")
         for title, table in (("Error on the rows fitted on", self.train_errors),
-                             ("Error on held-out rows", self.holdout_errors),
+                             ("Error on held-out rows (not used in the fit)", self.holdout_errors),
                              ("Leave-one-model-out cross-validation (fit without a model, predict it)", self.lomo_errors)):
             if not table:
                 continue
@@ -229,8 +344,16 @@ class CalibrationResult:
             for g in table:
                 lines.append(f"{str(g.get('model', 'all'))[:42]:42} {g['metric']:22} {g['n']:5d} "
                              f"{g['median_ape']:10.1%} {g['p90_ape']:8.1%}")
+        for a in self.acceptance:
+            lines.append("")
+            lines.append(f"Acceptance ({a['num_spec_tokens']} draft positions, {a['num_drafts']:.0f} drafts, mean "
+                         f"acceptance length {a['mean_acceptance_length']:.2f}) from {a['source']}")
+            lines.append("  P(accepted >= k): " + ", ".join(f"{x:.3f}" for x in a["marginal"]))
+            lines.append("  use: --set 'speculative.acceptance=" + json.dumps(a["config"]).replace('"', "") + "'")
         if self.out:
             lines.append(f"\nwrote {self.out}")
+        if self.acceptance_out:
+            lines.append(f"wrote {self.acceptance_out}")
         return "\n".join(lines)
 
 
@@ -238,37 +361,115 @@ def _tables(df: pd.DataFrame) -> list[dict[str, Any]]:
     return validate.error_table(df, ["model"]) + [{"model": "all", **g} for g in validate.error_table(df, [])]
 
 
+def _describe_sources(rows: pd.DataFrame, paths: list[Path]) -> str:
+    """What a fit used: files, dates and engine versions (kept in the profile's fitted_on)."""
+    def uniq(col: str) -> str:
+        if col not in rows:
+            return ""
+        vals = sorted({str(v) for v in rows[col] if str(v) not in ("", "nan", "None")})
+        return ", ".join(vals[:6]) + (f" (+{len(vals) - 6} more)" if len(vals) > 6 else "")
+    parts = [f"files {', '.join(p.name for p in paths)}"]
+    for col, label in (("source_id", "sources"), ("date", "dates"), ("framework_version", "engine")):
+        u = uniq(col)
+        if u:
+            parts.append(f"{label} {u}")
+    return "; ".join(parts)
+
+
+def _filter_gpu(rows: pd.DataFrame, profile: GpuProfile, given: str) -> pd.DataFrame:
+    if rows.empty:
+        return rows
+    names = {profile.name.upper(), str(given).upper()}
+    return rows[rows["gpu"].astype(str).str.upper().isin(names)]
+
+
 def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: float = 0.0, progress: bool = True,
-        workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None) -> CalibrationResult:
+        workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None,
+        tp: int | None = None, model: str | None = None, sets: list[str] | None = None,
+        rounds: int | None = None, keys: tuple[str, ...] | None = None) -> CalibrationResult:
+    """Fit `gpu`'s efficiency parameters to measured serving runs (any format `readers` knows).
+
+    `tp`, `model`, `sets` (column=value) fill what vLLM result files do not state. `rounds` (default: 2
+    when a row has a request delay to fit or runs open loop, else 1) re-records the schedules at the
+    fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
+    """
+    from capacity import readers
+
     profile = load_gpu(gpu)
     if not 0.0 <= holdout < 1.0:
         raise CapacityError(f"--holdout {holdout}: give a fraction in [0, 1), e.g. 0.25")
+    extra = {}
+    for item in sets or []:
+        if "=" not in item:
+            raise CapacityError(f"--set '{item}': expected column=value, e.g. precision=fp8")
+        k, v = item.split("=", 1)
+        extra[k.strip()] = v.strip()
     paths = [Path(f) for f in files] if files else validate.default_files()
-    rows = pd.concat([validate.read_measurements(p) for p in paths], ignore_index=True)
-    rows = rows[rows["gpu"].str.upper() == profile.name.upper()]
-    usable = [validate.row_scenario(r)[0] is not None for r in rows.to_dict(orient="records")]
+    meas = readers.load(paths, readers.Overrides(gpu=profile.name, tp=tp, model=model, extra=extra))
+    rows = _filter_gpu(meas.serving, profile, gpu)
+    result_rows = rows.to_dict(orient="records")
+    usable = [validate.row_scenario(r)[0] is not None for r in result_rows]
     skipped_before = rows[[not u for u in usable]]
     rows = rows[usable]
     if max_rows:
         rows = rows.iloc[np.linspace(0, len(rows) - 1, min(max_rows, len(rows))).astype(int)]
-    recorded = record_rows(rows, workers=workers, progress=progress)
-    pricers, skipped = [], {}
+    start = dict(profile.efficiency)
+    skipped: dict[str, int] = {}
     for r in skipped_before.to_dict(orient="records"):
         reason = validate.row_scenario(r)[1]
         skipped[reason] = skipped.get(reason, 0) + 1
-    for rec in recorded:
-        if isinstance(rec, str):
-            skipped[rec] = skipped.get(rec, 0) + 1
-        else:
-            pricers.append(Repricer(rec, profile))
-    start = dict(profile.efficiency)
+
+    def priced(eff: dict[str, float] | None) -> list[Repricer]:
+        recorded = record_rows(rows, workers=workers, progress=progress, efficiency=eff)
+        pricers = []
+        for rec in recorded:
+            if isinstance(rec, str):
+                if eff is None:
+                    skipped[rec] = skipped.get(rec, 0) + 1
+            else:
+                pricers.append(Repricer(rec, profile))
+        return pricers
+
+    acceptance = [{**r.to_json(), "config": readers.acceptance_config(r)} for r in meas.acceptance]
+    result = CalibrationResult(gpu=profile.name, fitted=dict(start), start=start, rows_used=0, skipped=skipped,
+                               train_errors=[], acceptance=acceptance)
+    if rows.empty:
+        if not acceptance:
+            raise CapacityError(f"no serving rows for GPU {profile.name} that the simulator can model "
+                                f"({'; '.join(skipped) or 'none given'})")
+        _write_acceptance(result, meas.acceptance, out)
+        return result
+    pricers = priced(None)
+    if not pricers:
+        raise CapacityError(f"no serving rows for GPU {profile.name} could be simulated ({'; '.join(skipped)})")
     rng = np.random.default_rng(seed)
     held = set(rng.choice(len(pricers), int(round(holdout * len(pricers))), replace=False).tolist()) if holdout else set()
-    train = [p for i, p in enumerate(pricers) if i not in held]
-    test = [p for i, p in enumerate(pricers) if i in held]
-    fitted = fit(train, start)
-    result = CalibrationResult(gpu=profile.name, fitted=fitted, start=start, rows_used=len(train), skipped=skipped,
-                               train_errors=_tables(predictions(train, fitted)))
+    split = lambda ps: ([p for i, p in enumerate(ps) if i not in held], [p for i, p in enumerate(ps) if i in held])  # noqa: E731
+    train, test = split(pricers)
+    if not train:
+        raise CapacityError("--holdout leaves no rows to fit on; lower it")
+    if keys is None:
+        keys, not_fitted = identifiable_keys(train, start)
+    else:
+        not_fitted = {k: "held fixed by the caller" for k in FITTED_KEYS if k not in keys}
+    if rounds is None:
+        rounds = 2 if (start["request_overhead_ms"] > 0 or any(p.rec.open_loop for p in pricers)) else 1
+    info: dict[str, Any] = {}
+    fitted = fit(train, start, keys, info=info)
+    for _ in range(rounds - 1):
+        pricers = priced(fitted)          # re-record at the fitted values (same rows, same order)
+        if len(pricers) != len(train) + len(test):
+            break
+        train, test = split(pricers)
+        fitted = fit(train, fitted, keys, info=info)
+    result.fitted, result.rows_used = fitted, len(train)
+    result.fitted_keys, result.not_fitted = tuple(keys), not_fitted
+    result.train_errors = _tables(predictions(train, fitted))
+    if not info.get("converged", True):
+        result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
+    for k in info.get("at_bound", []):
+        result.warnings.append(f"{k} landed on its bound {BOUNDS[k][1]:g} (would exceed 1 = peak): the runs are "
+                               f"faster than the model allows; check the GPU, TP, precision and model of the runs")
     if test:
         result.holdout_errors = _tables(predictions(test, fitted))
     if cross_validate:
@@ -276,13 +477,40 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         if len(models) > 1:
             oof = []
             for m in models:
-                fold_fit = fit([p for p in train if p.rec.row["model"] != m], start)
+                fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys)
                 result.lomo_fits[m] = fold_fit
                 oof.append(predictions([p for p in train if p.rec.row["model"] == m], fold_fit))
             result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
+    train_rows = pd.DataFrame([p.rec.row for p in train])
+    result.fitted_on = (f"capacity calibrate on {len(train)} rows ({_describe_sources(train_rows, paths)}), "
+                        f"fitted {', '.join(keys)}, {date.today()}")
     if out:
-        used = ", ".join(sorted({f"{p.rec.row.get('source_id', p.rec.row['file'])}" for p in train}))
-        save_profile(profile, out, {k: fitted[k] for k in identifiable_keys(train)},
-                     f"capacity calibrate on {len(train)} rows of {used} ({', '.join(p.name for p in paths)}), {date.today()}")
+        save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on)
         result.out = out
+    _write_acceptance(result, meas.acceptance, out)
     return result
+
+
+def _write_acceptance(result: CalibrationResult, records: list, out: str | None) -> None:
+    """With --out PROFILE.yaml and spec-decode counters: PROFILE.acceptance.yaml, a scenario fragment."""
+    if not (out and records):
+        return
+    import yaml
+
+    from capacity import readers
+
+    by_n: dict[int, list] = {}
+    for r in records:
+        by_n.setdefault(r.num_spec_tokens, []).append(r)
+    doc = {"speculative": {"num_speculative_tokens": max(by_n),
+                           "acceptance": readers.acceptance_config(readers.pooled(by_n[max(by_n)]))}}
+    path = Path(out).with_suffix("").as_posix() + ".acceptance.yaml"
+    header = "".join(f"# fitted on {r.source}: {r.num_drafts:.0f} drafts, N={r.num_spec_tokens}, mean acceptance "
+                     f"length {r.mean_acceptance_length:.3f}\n" for r in records)
+    try:
+        Path(path).write_text("# Acceptance measured by vLLM's spec-decode counters (capacity calibrate, "
+                              f"{date.today()}). Merge into a scenario.\n" + header
+                              + yaml.safe_dump(doc, sort_keys=False))
+    except OSError as e:
+        raise CapacityError(f"cannot write {path}: {e.strerror or e}") from None
+    result.acceptance_out = path

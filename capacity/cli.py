@@ -148,16 +148,30 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from capacity import validate, validate_spec
+    from capacity import readers, validate, validate_spec
 
     files = list(args.measurements or [])
-    spec_files = [f for f in files if Path(f).is_file() and validate_spec.is_spec_file(Path(f))]
-    serving_files = [f for f in files if f not in spec_files]
     payload: dict = {}
     texts = []
-    if serving_files or not files:
-        report = validate.run(serving_files or None, workers=args.workers, max_rows=args.max_rows,
-                              progress=not args.quiet, gpus=args.gpu or None)
+    spec_files: list = []
+    serving_rows = None
+    if files:
+        gpu = args.gpu[0] if len(args.gpu) == 1 and args.gpu[0] != "all" else None
+        meas = readers.load(files, readers.Overrides(gpu=gpu, tp=args.tp, model=args.model))
+        spec_files = [str(p) for p in meas.spec_files]
+        serving_rows = meas.serving
+        if meas.acceptance:
+            payload["acceptance"] = [{**r.to_json(), "config": readers.acceptance_config(r)} for r in meas.acceptance]
+            for r in meas.acceptance:
+                texts.append(f"Acceptance from {r.source}: N={r.num_spec_tokens}, {r.num_drafts:.0f} drafts, mean "
+                             f"acceptance length {r.mean_acceptance_length:.3f}; P(accepted >= k) = "
+                             + ", ".join(f"{x:.3f}" for x in r.marginal))
+    if (serving_rows is not None and not serving_rows.empty) or not files:
+        if serving_rows is not None and args.gpu and args.gpu != ["all"]:
+            wanted = {g.upper() for g in args.gpu}
+            serving_rows = serving_rows[serving_rows["gpu"].astype(str).str.upper().isin(wanted)].reset_index(drop=True)
+        report = validate.run(None, workers=args.workers, max_rows=args.max_rows, progress=not args.quiet,
+                              gpus=args.gpu or None, rows=serving_rows)
         if args.out:
             validate.write(report, Path(args.out))
         payload.update(report.to_json())
@@ -179,7 +193,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from capacity import calibrate
 
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
-                           progress=not args.quiet)
+                           progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
+                           rounds=args.rounds, workers=args.workers)
     if args.json:
         print_json(result.to_json())
     else:
@@ -225,7 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="predict measured rows and report the error")
     v.add_argument("measurements", nargs="*",
-                   help="serving or speculative-speedup CSV files (default: the shipped calibration rows)")
+                   help="vllm bench serve --save-result JSON, /metrics dumps, vLLM logs, serving or speculative CSV "
+                        "files, detected from their content (default: the shipped calibration rows)")
+    v.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel size of vLLM result files without --metadata tensor_parallel_size")
+    v.add_argument("--model", default=None, help="model of vLLM result files (overrides their model_id)")
     v.add_argument("--measurements", dest="measurements_opt", action="append", default=[], help=argparse.SUPPRESS)
     v.add_argument("--workers", type=int, default=2)
     v.add_argument("--max-rows", type=int, default=None, help="validate only the first N modelled rows (quick check)")
@@ -240,9 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     c = sub.add_parser("calibrate", help="fit a GPU's efficiency parameters to serving measurements")
-    c.add_argument("files", nargs="*", help="measurement CSV files (default: the shipped calibration rows)")
-    c.add_argument("--gpu", required=True)
-    c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it)")
+    c.add_argument("files", nargs="*",
+                   help="vllm bench serve --save-result JSON, /metrics dumps, vLLM logs or serving CSV files "
+                        "(default: the shipped calibration rows)")
+    c.add_argument("--gpu", required=True, help="GPU the runs were measured on (profile name or YAML path)")
+    c.add_argument("--tp", type=int, default=None,
+                   help="tensor-parallel size of vLLM result files without --metadata tensor_parallel_size")
+    c.add_argument("--model", default=None, help="model of vLLM result files (overrides their model_id)")
+    c.add_argument("--set", action="append", default=[], metavar="COLUMN=VALUE",
+                   help="fill a measurement column for every row, e.g. --set precision=fp8 (repeatable)")
+    c.add_argument("--rounds", type=int, default=None,
+                   help="re-record the schedules at the fitted values and refit this many times in all "
+                        "(default: 2 with a request delay or open-loop runs, else 1)")
+    c.add_argument("--workers", type=int, default=2)
+    c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it); with "
+                                 "spec-decode metrics also OUT.acceptance.yaml")
     c.add_argument("--holdout", type=float, default=0.0, help="fraction of rows kept out of the fit")
     c.add_argument("--json", action="store_true")
     c.add_argument("--quiet", action="store_true")

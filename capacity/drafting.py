@@ -48,7 +48,7 @@ from capacity.models import ModelArch, load_model
 from capacity.paths import data_dir
 from capacity.policies import SpeculationPolicy, policy_from_config
 from capacity.speculation import NoSpeculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime
+from capacity.step_cost import StepCostModel, StepFeatures, StepTime, fast_maximum
 
 if TYPE_CHECKING:
     from capacity.hardware import GpuProfile
@@ -402,6 +402,8 @@ class DraftCost:
     (StepCostModel on the draft architecture, same GPU and TP). See the module docstring for the
     per-method cost structure."""
 
+    _MEMO_BLOCK = 2048   # context sums per memoised block of `steps_time_s`
+
     def __init__(self, method: DraftMethod | str, gpu: GpuProfile, target: ModelArch, draft: ModelArch | None,
                  tensor_parallel_size: int, num_speculative_tokens: int, overrides: dict[str, Any] | None = None):
         self.method = get_method(method) if isinstance(method, str) else method
@@ -417,6 +419,11 @@ class DraftCost:
         self.draft = draft
         self.params = self._parameters(overrides)
         self._overhead_s = self.params.get("draft_pass_overhead_us", 0.0) * 1e-6
+        extra = float(m.cost.get("extra_first_pass_tokens_per_seq", 0))
+        self._extra_first_pass_tokens = int(extra) if extra.is_integer() else extra
+        self._queries_per_seq_offset = float(m.cost.get("queries_per_seq_offset", 0))
+        self._steps_memo: dict[tuple[int, float, int], dict[int, np.ndarray]] = {}
+        self._linear_memo: dict[tuple[int, float, float, float], float] = {}
 
         self.extra_swa_kv_bytes_per_token = 0.0
         self.extra_sliding_window: int | None = None
@@ -492,71 +499,91 @@ class DraftCost:
         return self.extra_kv_bytes_per_token * c + self.extra_swa_kv_bytes_per_token * swa + self.extra_state_bytes_per_seq
 
     # ------------------------------------------------------------------ pricing
-    @staticmethod
-    def _gemm(piece: _Piece, tokens: np.ndarray, seqs: np.ndarray, sampled: np.ndarray,
-              attn_flops: np.ndarray | float = 0.0, kv_bytes: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    def _gemm(self, piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike,
+              attn_flops: ArrayLike = 0.0, kv_bytes: ArrayLike = 0.0) -> tuple[ArrayLike, ArrayLike]:
         """(linear layers + all-reduce, attention) seconds of one pass; nothing when it has no tokens."""
-        f = StepFeatures(num_tokens=tokens, num_seqs=seqs, num_sampled=sampled, attn_flops=attn_flops,
-                         kv_read_bytes=kv_bytes)
-        p = piece.cost.time_parts(f, with_overhead=False)
-        linear = sum(np.asarray(v, dtype=float) for k, v in p.items() if k != "attention")
-        return linear * (tokens > 0), np.asarray(p["attention"], dtype=float) * (tokens > 0)
+        on = tokens > 0
+        return self._linear(piece, tokens, seqs, sampled) * on, piece.cost.attention_time(attn_flops, kv_bytes) * on
+
+    def _linear(self, piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike) -> ArrayLike:
+        """Seconds of a pass's linear layers and all-reduces (every part but attention), memoised for
+        scalar shapes: the drafter sees the same few (tokens, sequences) again and again."""
+        key = (id(piece), tokens, seqs, sampled) if type(tokens) is float and type(seqs) is float \
+            and type(sampled) is float else None
+        linear = self._linear_memo.get(key) if key else None
+        if linear is None:
+            f = StepFeatures(num_tokens=tokens, num_seqs=seqs, num_sampled=sampled, attn_flops=0.0, kv_read_bytes=0.0)
+            linear = sum(v for k, v in piece.cost.time_parts(f, with_overhead=False).items() if k != "attention")
+            if key:
+                self._linear_memo[key] = linear
+        return linear
 
     @staticmethod
-    def _attention(arch: ModelArch, seqs: np.ndarray, queries: np.ndarray, context: np.ndarray,
-                   detail: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def _attention(piece: _Piece, seqs: ArrayLike, queries: ArrayLike, context: ArrayLike,
+                   detail: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[ArrayLike, ArrayLike]:
         """(attention FLOPs, KV bytes read) of `seqs` sequences with `queries` new tokens each ending at
-        `context`; with `detail` = (queries, context) per sequence, summed exactly."""
+        `context`; with `detail` = (queries, context) per sequence, summed exactly (whole-number
+        arrays are looked up in the piece's AttentionTables)."""
+        arch = piece.arch
         if detail is not None:
-            q, c = (np.asarray(x, dtype=float) for x in detail)
+            q, c = detail
             c = np.maximum(c, q)
-            return np.asarray(arch.attention_flops(q, c).sum()), np.asarray(arch.kv_read_bytes(c).sum())
+            if q.dtype.kind in "iu" and c.dtype.kind in "iu":
+                tables = piece.cost.tables
+                return float(tables.flops(q, c).sum()), float(tables.kv[c].sum())
+            q, c = q.astype(float), c.astype(float)
+            return float(arch.attention_flops(q, c).sum()), float(arch.kv_read_bytes(c).sum())
         q = np.asarray(queries, dtype=float)
         c = np.maximum(np.asarray(context, dtype=float), q)
         flops = seqs * np.where(seqs > 0, arch.attention_flops(np.minimum(q, c), c), 0.0)
         return flops, seqs * np.where(seqs > 0, arch.kv_read_bytes(c), 0.0)
 
     def _parts(self, B: ArrayLike, T: ArrayLike, C: ArrayLike, N: ArrayLike,
-               detail: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        B, T, C, N = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (B, T, C, N)))
+               detail: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, ArrayLike]:
+        """Seconds by part. Scalars are priced in Python floats and arrays elementwise (unused parts
+        are 0.0): the same arithmetic either way, so a step costs the same bits in both."""
+        B, T, C, N = (_scalar_or_array(x) for x in (B, T, C, N))
         on = (N > 0) & (B > 0)
-        zero = np.zeros(B.shape)
-        parts = {k: zero.copy() for k in PART_KEYS}
+        parts: dict[str, ArrayLike] = dict.fromkeys(PART_KEYS, 0.0)
         m = self.method
         if m.kind == "cpu":
             parts["cpu"] = self.params["cpu_us_per_seq"] * 1e-6 * B * on
             return parts
-        safe_b = np.maximum(B, 1.0)
+        safe_b = fast_maximum(B, 1.0)
         c_mean = C / safe_b
         if m.kind == "sequential":
             head, _ = self._gemm(self._head, B, B, B)
-            extra = float(m.cost.get("extra_first_pass_tokens_per_seq", 0))
+            extra = self._extra_first_pass_tokens
             t1 = T + extra * B
-            d1 = None
+            d1 = dl = None
             if detail is not None:
                 d1 = (detail[0] + extra, detail[1] + extra)
-            a1 = self._attention(self._first.arch, B, t1 / safe_b, c_mean + extra, d1)
+                dl = (np.ones_like(detail[1]), detail[1])
+            a1 = self._attention(self._first, B, t1 / safe_b, c_mean + extra, d1)
             g1, at1 = self._gemm(self._first, t1, B, B, *a1)
-            dl = (np.ones_like(detail[1], dtype=float), detail[1]) if detail is not None else None
-            al = self._attention(self._later.arch, B, np.ones_like(B), c_mean, dl)
+            al = self._attention(self._later, B, np.ones_like(B) if isinstance(B, np.ndarray) else 1.0, c_mean, dl)
             gl, atl = self._gemm(self._later, B, B, B, *al)
-            later = np.maximum(N - 1.0, 0.0)
+            later = fast_maximum(N - 1.0, 0.0)
             parts["passes"] = g1 + later * gl
             parts["attention"] = at1 + later * atl
             parts["lm_head"] = N * head
             parts["overhead"] = N * self._overhead_s
         else:  # parallel_block
-            q = N + float(m.cost.get("queries_per_seq_offset", 0))
-            gc, _ = self._gemm(self._context, T, B, zero)
-            dq = (np.full_like(detail[1], float(q.flat[0])), detail[1] + float(q.flat[0])) if detail is not None else None
-            aq = self._attention(self._later.arch, B, q, c_mean + q, dq)
-            gq, atq = self._gemm(self._later, B * q, B, zero, *aq)
+            q = N + self._queries_per_seq_offset
+            gc, _ = self._gemm(self._context, T, B, 0.0)
+            dq = None
+            if detail is not None:
+                qd = q.flat[0] if isinstance(q, np.ndarray) else q
+                qd = int(qd) if float(qd).is_integer() else float(qd)
+                dq = (np.full_like(detail[1], qd), detail[1] + qd)
+            aq = self._attention(self._later, B, q, c_mean + q, dq)
+            gq, atq = self._gemm(self._later, B * q, B, 0.0, *aq)
             rows = B * N
             gh, _ = self._gemm(self._head, rows, B, rows)
             parts["passes"] = gc + gq
             parts["attention"] = atq
             parts["lm_head"] = gh
-            parts["overhead"] = np.full(B.shape, self._overhead_s)
+            parts["overhead"] = self._overhead_s
             if self._markov is not None:
                 gm, _ = self._gemm(self._markov, B, B, B)
                 parts["markov"] = N * gm
@@ -567,29 +594,55 @@ class DraftCost:
               num_spec: ArrayLike) -> dict[str, float | np.ndarray]:
         """Seconds by part (PART_KEYS: passes = drafter linear layers incl. fc/context projection and
         all-reduces, lm_head, attention, markov, cpu, overhead) for the arguments of `time_s`."""
-        p = self._parts(num_decode_seqs, target_tokens, context_tokens_sum, num_spec)
-        scalar = all(np.ndim(x) == 0 for x in (num_decode_seqs, target_tokens, context_tokens_sum, num_spec))
-        return {k: float(v) for k, v in p.items()} if scalar else p
+        args = (num_decode_seqs, target_tokens, context_tokens_sum, num_spec)
+        p = self._parts(*args)
+        shape = np.broadcast_shapes(*(np.shape(x) for x in args))
+        return {k: float(v) for k, v in p.items()} if shape == () else {k: _shaped(v, shape) for k, v in p.items()}
 
     def time_s(self, num_decode_seqs: ArrayLike, target_tokens: ArrayLike, context_tokens_sum: ArrayLike,
                num_spec: ArrayLike) -> float | np.ndarray:
         """Drafting time of a step: `num_decode_seqs` requests (B) proposing `num_spec` (N) tokens each,
         `target_tokens` (T) tokens in the target forward (prefill included), `context_tokens_sum` (C)
         = Σ context of those requests. 0 when N = 0 or B = 0. Arrays of equal shape price many steps."""
-        p = self._parts(num_decode_seqs, target_tokens, context_tokens_sum, num_spec)
-        total = sum(p.values())
-        scalar = all(np.ndim(x) == 0 for x in (num_decode_seqs, target_tokens, context_tokens_sum, num_spec))
-        return float(total) if scalar else total
+        args = (num_decode_seqs, target_tokens, context_tokens_sum, num_spec)
+        total = sum(self._parts(*args).values())
+        shape = np.broadcast_shapes(*(np.shape(x) for x in args))
+        return float(total) if shape == () else _shaped(total, shape)
+
+    def steps_time_s(self, num_decode_seqs: int, target_tokens: float, context_tokens_sum: np.ndarray,
+                     num_spec: int) -> np.ndarray:
+        """`time_s` of many steps that differ only in their whole-number context sums C, memoised in
+        blocks of C per (B, T, N): runs of decode steps ask for the same few (B, T, N) again and again,
+        and one call over a block costs about what one run's call costs."""
+        key = (int(num_decode_seqs), float(target_tokens), int(num_spec))
+        blocks = self._steps_memo.setdefault(key, {})
+        size = self._MEMO_BLOCK
+        lo, hi = int(context_tokens_sum.min()) // size, int(context_tokens_sum.max()) // size
+        for b in range(lo, hi + 1):
+            if b not in blocks:
+                blocks[b] = self.time_s(float(key[0]), key[1], np.arange(b * size, (b + 1) * size, dtype=float),
+                                        float(key[2]))
+        table = blocks[lo] if lo == hi else np.concatenate([blocks[b] for b in range(lo, hi + 1)])
+        return table[context_tokens_sum - lo * size]
 
     def step_time_s(self, new_tokens: np.ndarray, context_tokens: np.ndarray, num_spec: int) -> float:
         """Drafting time of one step from per-request arrays (exact attention per request)."""
-        new_tokens = np.asarray(new_tokens, dtype=float)
-        context_tokens = np.asarray(context_tokens, dtype=float)
+        new_tokens = np.asarray(new_tokens)
+        context_tokens = np.asarray(context_tokens)
         if len(new_tokens) == 0 or num_spec <= 0:
             return 0.0
         p = self._parts(len(new_tokens), new_tokens.sum(), context_tokens.sum(), num_spec,
                         detail=(new_tokens, context_tokens))
         return float(sum(p.values()))
+
+
+def _scalar_or_array(x: ArrayLike) -> float | np.ndarray:
+    """A scalar as a Python float, anything else as a float array (see DraftCost._parts)."""
+    return float(x) if np.ndim(x) == 0 else np.asarray(x, dtype=float)
+
+
+def _shaped(x: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
+    return np.array(np.broadcast_to(x, shape), dtype=float)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -613,6 +666,7 @@ class SpeculativeDecoding:
         self.policy = policy
         self.num_speculative_tokens = int(num_speculative_tokens)
         self._last_mean_context = 0.0
+        self._stateless_acceptance: bool | None = None
 
     @property
     def weight_bytes(self) -> float:
@@ -644,11 +698,11 @@ class SpeculativeDecoding:
         this batch (a step of prefills still drafts for the requests whose prompt completes)."""
         if len(ids) == 0:
             return StepTime({})
-        context_tokens = np.asarray(context_tokens, dtype=float)
+        context_tokens = np.asarray(context_tokens)
         self._last_mean_context = float(context_tokens.mean())
-        num_spec = np.asarray(num_spec)
-        n = int(num_spec.max()) if num_spec.size and num_spec.max() > 0 else \
-            self.num_spec_tokens(len(ids), self._last_mean_context)
+        n = int(np.max(num_spec)) if np.size(num_spec) else 0
+        if n <= 0:
+            n = self.num_spec_tokens(len(ids), self._last_mean_context)
         if n <= 0:
             return StepTime({})
         return StepTime({"draft": self.draft_cost.step_time_s(new_tokens, context_tokens, n)})
@@ -660,18 +714,23 @@ class SpeculativeDecoding:
     def supports_runs(self) -> bool:
         """Decode runs can be fast-forwarded when acceptance keeps no per-request state (sampling
         several steps ahead then costs nothing in fidelity)."""
-        from capacity.acceptance import _Stateless
+        if self._stateless_acceptance is None:   # asked before every engine step: answered once
+            from capacity.acceptance import _Stateless
 
-        return isinstance(self.acceptance, _Stateless)
+            self._stateless_acceptance = isinstance(self.acceptance, _Stateless)
+        return self._stateless_acceptance
 
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.acceptance.sample_steps(ids, num_spec, num_steps, rng), dtype=np.int64)
 
     def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
                          num_spec: int) -> np.ndarray:
+        shape = np.broadcast_shapes(np.shape(target_tokens), np.shape(context_sum))
         if num_spec <= 0:
-            return np.zeros(np.shape(target_tokens))
-        seqs = np.broadcast_to(np.asarray(num_seqs, dtype=float), np.shape(target_tokens))
+            return np.zeros(shape)
+        if np.ndim(num_seqs) == 0 and np.ndim(target_tokens) == 0 and np.asarray(context_sum).dtype.kind in "iu":
+            return self.draft_cost.steps_time_s(num_seqs, target_tokens, context_sum, num_spec)  # the engine's runs
+        seqs = np.broadcast_to(np.asarray(num_seqs, dtype=float), shape)
         return np.asarray(self.draft_cost.time_s(seqs, target_tokens, context_sum, num_spec), dtype=float)
 
 

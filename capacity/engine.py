@@ -23,6 +23,7 @@ deque of waiting ids.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -31,7 +32,7 @@ import numpy as np
 import simpy
 
 from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime
+from capacity.step_cost import StepCostModel, StepFeatures, StepTime, TokenTable
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,7 @@ class StepRecorder:
         self.kv_used.extend([kv_used] * k)
         self.batch_tokens.extend(np.asarray(features.num_tokens, dtype=int).tolist())
         self.draft_s.extend(np.asarray(draft_s, dtype=float).tolist())
-        self.features.extend(zip(*(np.broadcast_to(np.asarray(x, dtype=float), (k,)).tolist()
-                                   for x in features.as_tuple())))
+        self.features.extend(zip(*(_per_step(x, k) for x in features.as_tuple())))
         for key, v in parts.items():
             self.parts[key] = self.parts.get(key, 0.0) + v
 
@@ -124,6 +124,12 @@ class StepRecorder:
             self.parts[k] = self.parts.get(k, 0.0) + v
 
 
+def _per_step(x: np.ndarray | float, k: int) -> list[float]:
+    """A feature of k steps (an array, or one value for all) as k floats."""
+    x = np.asarray(x, dtype=float)
+    return x.tolist() if x.ndim else [float(x)] * k
+
+
 class Replica:
     """One serving instance (TP GPUs running one vLLM engine)."""
 
@@ -137,6 +143,7 @@ class Replica:
         self.cost = cost
         self.limits = limits
         self.kv_blocks_for = kv_blocks_for
+        self._blocks = TokenTable(kv_blocks_for)   # kv_blocks_for, exact, without numpy's per-call cost
         self.on_finish = on_finish
         self.rng = rng
         self.spec = speculation or NoSpeculation()
@@ -172,15 +179,12 @@ class Replica:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
-            ids, new_tokens, num_spec = self._schedule()
+            ids, new_tokens, num_spec, decode_k = self._schedule()
             if len(ids) == 0:
                 raise RuntimeError("scheduler made no progress")  # guarded by the KV-fit check
             t = self.table
-            k = int(num_spec[0]) if len(num_spec) else 0
-            if (self.fast_forward and self.spec.supports_runs and not self.waiting and len(ids) == len(self.running)
-                    and len(ids) > 0 and np.all(num_spec == k) and np.all(new_tokens == 1 + k)
-                    and np.all(t.out[ids] >= 1) and np.all(t.computed[ids] == t.prompt[ids] + t.out[ids] - 1)):
-                yield from self._decode_run(ids, k)
+            if decode_k is not None and self.fast_forward and self.spec.supports_runs and not self.waiting:
+                yield from self._decode_run(ids, decode_k)
                 continue
             context_end = t.computed[ids] + new_tokens
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()))
@@ -207,49 +211,64 @@ class Replica:
         """
         t, env = self.table, self.env
         B = len(ids)
-        c0, o0, held = t.computed[ids], t.out[ids], t.blocks[ids]
-        remaining = t.target[ids] - o0
+        c0, o0, held, target = t.computed[ids], t.out[ids], t.blocks[ids], t.target[ids]
+        remaining = target - o0
         K = int(min(self.max_run_steps, remaining.min()))
-        accepted = self.spec.sample_steps(ids, k, K, self.rng) if k else np.zeros((K, B), dtype=np.int64)
-        emitted = np.cumsum(accepted + 1, axis=0)                   # tokens out by the end of step j (uncapped)
-        finishing = emitted >= remaining[None, :]
-        K = int(min(K, np.argmax(finishing.any(axis=1)) + 1 if finishing.any() else K))
-        accepted, emitted = accepted[:K], emitted[:K]
-        before = c0[None, :] + np.vstack([np.zeros((1, B), dtype=np.int64), emitted[:-1]])  # computed before step j
-        ctx = before + 1 + k                                        # context at the end of step j
-        if K > 1:
-            look = self.spec.lookahead_tokens(k)
-            need = np.maximum(self.kv_blocks_for((ctx[1:] + look).ravel()).reshape(K - 1, B) - held[None, :], 0).sum(axis=1)
-            fits = need <= self.free_blocks
-            if not fits.all():
-                K = 1 + int(np.argmin(fits))                       # stop before the step that would preempt
-                accepted, emitted, ctx = accepted[:K], emitted[:K], ctx[:K]
-        features = self.cost.decode_features(ctx, 1 + k)
-        parts = {key: np.broadcast_to(np.asarray(v, dtype=float), (K,)) for key, v in self.cost.time_parts(features).items()}
         if k:
-            parts["draft"] = self.spec.draft_time_steps(B, features.num_tokens, ctx.sum(axis=1).astype(float), k)
+            accepted = self.spec.sample_steps(ids, k, K, self.rng)
+            emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
+            steps_before_finish = (emitted < remaining).sum(axis=0)  # per request
+            K = min(K, int(steps_before_finish.min()) + 1)
+            accepted, emitted = accepted[:K], emitted[:K]
+            ctx = c0 + emitted - accepted + k                        # context at the end of step j
+        else:                                                        # one token per step: the shortest finishes at K
+            emitted = np.arange(1, K + 1)[:, None]
+            ctx = c0 + emitted
+        look = self.spec.lookahead_tokens(k)
+        last_blocks = self._blocks[ctx[-1] + look]
+        if K > 1 and np.maximum(last_blocks - held, 0).sum() > self.free_blocks:
+            # blocks needed grow step by step: stop before the first step that would preempt
+            need = np.maximum(self._blocks[ctx[1:] + look] - held, 0).sum(axis=1)
+            K = 1 + int(np.argmin(need <= self.free_blocks))
+            emitted, ctx = emitted[:K], ctx[:K]
+            last_blocks = None
+            if k:
+                accepted = accepted[:K]
+        features = self.cost.decode_features(ctx, 1 + k)
+        # the batch is fixed, so only attention changes from step to step
+        step = StepFeatures(float(features.num_tokens[0]), float(features.num_seqs[0]), float(features.num_sampled[0]),
+                            features.attn_flops, features.kv_read_bytes)
+        parts = self.cost.time_parts(step)
+        if k:
+            parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, ctx.sum(axis=1), k)
         durations = sum(parts.values())
+        if not isinstance(durations, np.ndarray) or durations.ndim == 0:
+            durations = np.full(K, float(durations))
         start = env.now
-        ends = start + np.cumsum(durations)
+        ends = start + durations.cumsum()
         self._in_run = True
         try:
             yield env.timeout(ends[-1] - start)
         except simpy.Interrupt:
             done = int(np.searchsorted(ends, env.now, side="right"))
-            K = min(done + 1, K)                                     # finish the step in progress
-            if ends[K - 1] > env.now:
-                yield env.timeout(ends[K - 1] - env.now)
+            if done + 1 < K:                                         # finish the step in progress
+                K = done + 1
+                emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
+                last_blocks = None
+                if k:
+                    accepted = accepted[:K]
+            if ends[-1] > env.now:
+                yield env.timeout(ends[-1] - env.now)
         self._in_run = False
-        accepted, emitted, ctx, ends, durations = accepted[:K], emitted[:K], ctx[:K], ends[:K], durations[:K]
-        parts = {key: v[:K] for key, v in parts.items()}
-        features = features.first(K)
         # apply K steps
-        look = self.spec.lookahead_tokens(k)
-        new_blocks = np.maximum(self.kv_blocks_for(ctx[-1] + look), held)
+        if last_blocks is None:
+            last_blocks = self._blocks[ctx[-1] + look]
+        new_blocks = np.maximum(last_blocks, held)
         self.free_blocks -= int((new_blocks - held).sum())
         t.blocks[ids] = new_blocks
         t.computed[ids] = c0 + emitted[-1]
-        t.out[ids] = np.minimum(o0 + emitted[-1], t.target[ids])
+        out = np.minimum(o0 + emitted[-1], target)
+        t.out[ids] = out
         t.num_chunks[ids] += K
         if k:
             t.spec_drafted[ids] += k * K
@@ -257,47 +276,52 @@ class Replica:
             t.spec_steps[ids] += K
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
-            gaps.append(np.repeat(durations[1:], B))
+            gaps.append(durations[1:].repeat(B))
         self.recorder.itl_chunks.extend(gaps)
         t.last_emit[ids] = ends[-1]
         rec = self.recorder
         first_step = rec.num_steps
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                    {key: float(v.sum()) for key, v in parts.items()}, features, K,
-                    parts.get("draft", np.zeros(K)))
-        done_mask = t.out[ids] >= t.target[ids]
+                    {key: float(v[:K].sum()) if isinstance(v, np.ndarray) and v.ndim else float(np.full(K, v).sum())
+                     for key, v in parts.items()},
+                    features.first(K), K, parts["draft"][:K] if k else np.zeros(K))
+        done_mask = out >= target
         if done_mask.any():
             d_ids = ids[done_mask]
             t.finish[d_ids] = ends[-1]
             t.finish_step[d_ids] = first_step + K - 1
-            self.free_blocks += int(t.blocks[d_ids].sum())
+            self.free_blocks += int(new_blocks[done_mask].sum())
             t.blocks[d_ids] = 0
-            self.running = self.running[~np.isin(self.running, d_ids)]
+            self.running = ids[~done_mask]            # a run schedules every running request, in order
             self.on_finish(d_ids)
 
     # ------------------------------------------------------------------ schedule
-    def _schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Returns (scheduled ids, tokens per id, speculative tokens per id) in vLLM order."""
+    def _schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
+        """Returns (scheduled ids, tokens per id, speculative tokens per id) in vLLM order, and the
+        drafts per request k when the step is a decode step of every running request (1 + k tokens
+        each, nobody preempted or admitted: a run can start), else None."""
         t, lim = self.table, self.limits
         budget = lim.max_num_batched_tokens
         run = self.running
         preempted = False
+        decode_k = None
         if len(run):
-            known = t.prompt[run] + t.out[run]
-            decoding = t.computed[run] == known - 1
-            k = self.spec.num_spec_tokens(len(run), float(t.computed[run].mean())) if decoding.any() else 0
-            spec = np.where(decoding, k, 0)
-            need = known + spec - t.computed[run]
+            computed, out = t.computed[run], t.out[run]
+            need = t.prompt[run] + out - computed            # known tokens not computed yet
+            decoding = need == 1
+            all_decoding = bool(decoding.all())
+            k = self.spec.num_spec_tokens(len(run), int(computed.sum()) / len(run)) if all_decoding or decoding.any() else 0
+            spec = decoding * k
+            need = need + spec
             if lim.long_prefill_token_threshold > 0:
                 need = np.minimum(need, lim.long_prefill_token_threshold)
-            before = np.cumsum(need) - need
-            sched = np.clip(budget - before, 0, need)
-            lookahead = np.where(t.computed[run] > 0, self.spec.lookahead_tokens(k), 0)
-            want_blocks = self.kv_blocks_for(t.computed[run] + sched + lookahead)
-            extra = np.where(sched > 0, np.maximum(want_blocks - t.blocks[run], 0), 0)
-            if extra.sum() <= self.free_blocks:
-                keep = sched > 0
-            else:
+            fits_budget = int(need.sum()) <= budget
+            sched = need if fits_budget else np.clip(budget - (np.cumsum(need) - need), 0, need)
+            lookahead = self.spec.lookahead_tokens(k)
+            want_blocks = self._blocks[computed + sched + lookahead * (computed > 0) if lookahead else computed + sched]
+            keep = sched > 0
+            extra = np.maximum(want_blocks - t.blocks[run], 0) * keep
+            if extra.sum() > self.free_blocks:
                 keep, preempted = self._allocate_with_preemption(sched, extra)
                 run = self.running
                 sched, spec, want_blocks, extra = sched[: len(run)], spec[: len(run)], want_blocks[: len(run)], extra[: len(run)]
@@ -307,17 +331,20 @@ class Replica:
             ids, new_tokens = run[keep], sched[keep]
             num_spec = np.minimum(spec[keep], np.maximum(new_tokens - 1, 0))
             budget -= int(new_tokens.sum())
+            if all_decoding and fits_budget and not preempted and bool((out > 0).all()):
+                decode_k = int(num_spec[0])   # every request got the same 1 + k tokens
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)
         if not preempted and self.waiting:
             adm_ids, adm_tokens = self._admit(budget)
             if adm_ids:
+                decode_k = None
                 a_ids = np.array(adm_ids, dtype=np.int64)
                 self.running = np.concatenate([self.running, a_ids])
                 ids = np.concatenate([ids, a_ids])
                 new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
                 num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
-        return ids, new_tokens, num_spec
+        return ids, new_tokens, num_spec, decode_k
 
     def _allocate_with_preemption(self, sched: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, bool]:
         """vLLM's running loop when blocks run out: preempt the last running request and retry."""
@@ -370,13 +397,13 @@ class Replica:
             if not lim.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
-            blocks = int(self.kv_blocks_for(np.array([t.computed[rid] + n]))[0])
+            blocks = int(self._blocks[int(t.computed[rid]) + n])
             if blocks > self.free_blocks:
                 break
             self.waiting.popleft()
             self.free_blocks -= blocks
             t.blocks[rid] = blocks
-            if np.isnan(t.first_scheduled[rid]):
+            if math.isnan(t.first_scheduled[rid]):
                 t.first_scheduled[rid] = self.env.now
             ids.append(rid)
             tokens.append(n)
@@ -386,38 +413,41 @@ class Replica:
     # ------------------------------------------------------------------ update
     def _update(self, ids: np.ndarray, new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
         t, now = self.table, self.env.now
+        out = t.out[ids]
         computed = t.computed[ids] + new_tokens
-        known = t.prompt[ids] + t.out[ids]
-        emits = computed >= known  # all known tokens computed: the step samples new tokens
+        emits = computed >= t.prompt[ids] + out  # all known tokens computed: the step samples new tokens
         accepted = np.zeros(len(ids), dtype=np.int64)
         drafted = emits & (num_spec > 0)
         if drafted.any():
-            accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
-            t.spec_drafted[ids[drafted]] += num_spec[drafted]
-            t.spec_accepted[ids[drafted]] += accepted[drafted]
-            t.spec_steps[ids[drafted]] += 1
+            d_ids, d_spec = ids[drafted], num_spec[drafted]
+            accepted[drafted] = d_acc = self.spec.sample_accepted(d_ids, d_spec, self.rng)
+            t.spec_drafted[d_ids] += d_spec
+            t.spec_accepted[d_ids] += d_acc
+            t.spec_steps[d_ids] += 1
             computed = computed - (num_spec - accepted) * drafted  # rejected drafts are rolled back
         t.computed[ids] = computed
         e_ids = ids[emits]
         if len(e_ids) == 0:
             return
-        emitted = np.minimum(accepted[emits] + 1, t.target[e_ids] - t.out[e_ids])
-        first = t.out[e_ids] == 0
-        t.first_token[e_ids[first]] = now
+        e_out, target = out[emits], t.target[e_ids]
+        new_out = np.minimum(e_out + accepted[emits] + 1, target)
+        first = e_out == 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
-        t.first_token_step[e_ids[first]] = step
+        if first.any():
+            t.first_token[e_ids[first]] = now
+            t.first_token_step[e_ids[first]] = step
         later = e_ids[~first]
         if len(later):
             self.recorder.itl_chunks.append(now - t.last_emit[later])
         t.last_emit[e_ids] = now
-        t.out[e_ids] += emitted
+        t.out[e_ids] = new_out
         t.num_chunks[e_ids] += 1
-        done = t.out[e_ids] >= t.target[e_ids]
+        done = new_out >= target
         if done.any():
             d_ids = e_ids[done]
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
             self.free_blocks += int(t.blocks[d_ids].sum())
             t.blocks[d_ids] = 0
-            self.running = self.running[~np.isin(self.running, d_ids)]
+            self.running = self.running[np.isnan(t.finish[self.running])]
             self.on_finish(d_ids)

@@ -15,7 +15,7 @@ ranks; an MLA latent cache has no heads to split, so every rank reads all of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -39,7 +39,9 @@ class StepTime:
         return float(sum(self.parts_s.values()))
 
     def __add__(self, other: "StepTime") -> "StepTime":
-        keys = set(self.parts_s) | set(other.parts_s)
+        # keys in a fixed order (this step's, then the other's new ones): `total_s` sums them in this
+        # order, and a set's order would change the last bits of the sum with the hash seed
+        keys = list(self.parts_s) + [k for k in other.parts_s if k not in self.parts_s]
         return StepTime({k: self.parts_s.get(k, 0.0) + other.parts_s.get(k, 0.0) for k in keys})
 
 
@@ -51,6 +53,88 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
         return np.zeros_like(num_tokens, dtype=float)
     n = np.maximum(num_tokens, 0.0)
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
+
+
+def _float_or_array(x):
+    """A Python float stays one (the engine prices single steps in plain floats: numpy's per-call
+    overhead dwarfs the arithmetic there); anything else becomes a float array. Python and numpy
+    float64 arithmetic round alike, so both give the same bits."""
+    return x if type(x) is float else np.asarray(x, dtype=float)
+
+
+def fast_maximum(a, b):
+    """np.maximum, without numpy for two Python floats."""
+    if type(a) is float and type(b) is float:
+        return a if a >= b else b
+    return np.maximum(a, b)
+
+
+class TokenTable:
+    """fn(0), fn(1), ... of an elementwise function of a whole number of tokens, computed in one
+    vectorised call and extended (doubling) when a larger count is asked for: an exact cache.
+
+    The engine asks the same per-sequence questions (KV bytes or blocks at c tokens, attention
+    FLOPs of a q-token chunk ending at c) for a handful of sequences thousands of times, where
+    numpy's per-call overhead, not the arithmetic, is the cost. Index with an int or an int array.
+    """
+
+    def __init__(self, fn: Callable[[np.ndarray], np.ndarray]):
+        self._fn = fn
+        self.values = np.asarray(fn(np.arange(0)))
+
+    def __getitem__(self, tokens):
+        try:
+            return self.values[tokens]
+        except IndexError:
+            n = int(np.max(tokens)) + 1
+            self.values = np.asarray(self._fn(np.arange(max(n, 2 * len(self.values), 1024))))
+            return self.values[tokens]
+
+
+class AttentionTables:
+    """`arch.attention_flops` and `arch.kv_read_bytes` per sequence from TokenTables: decode-width
+    chunks (q <= MAX_CHUNK tokens at context c), whole-prompt chunks (q = c) and KV bytes at c.
+    Other chunks (the rest of a long prompt) and large batches are computed directly. Exact: the
+    tables hold the function's own values."""
+
+    MAX_CHUNK = 32
+    MAX_ROWS = 32
+
+    def __init__(self, arch: ModelArch):
+        self.arch = arch
+        self.kv = TokenTable(arch.kv_read_bytes)
+        self._whole = TokenTable(lambda c: arch.attention_flops(c, c))
+        self._chunk: dict[int, TokenTable] = {}
+
+    def chunk(self, q: int) -> TokenTable:
+        """attention_flops(q, c) over c (NaN below c = q, where a q-token chunk cannot end)."""
+        table = self._chunk.get(q)
+        if table is None:
+            def fn(c: np.ndarray, q: int = q) -> np.ndarray:
+                return np.where(c >= q, self.arch.attention_flops(np.full(c.shape, q), np.maximum(c, q)), np.nan)
+            table = self._chunk[q] = TokenTable(fn)
+        return table
+
+    def flops(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
+        """arch.attention_flops(new_tokens, context_tokens) for 1-D whole-number arrays."""
+        if len(new_tokens) > self.MAX_ROWS:
+            return self.arch.attention_flops(new_tokens, context_tokens)
+        out = np.empty(len(new_tokens))
+        rest = []
+        for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
+            if q == c:
+                out[i] = self._whole[c]
+            elif q <= self.MAX_CHUNK:
+                out[i] = self.chunk(q)[c]
+            else:
+                rest.append(i)
+        if rest:
+            out[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
+        return out
+
+
+def _whole_numbers(*arrays: np.ndarray) -> bool:
+    return all(a.dtype.kind in "iu" for a in arrays)
 
 
 @dataclass(frozen=True)
@@ -91,6 +175,7 @@ class StepCostModel:
         self._kv_split = 1 if model.uses_mla else self.tp
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
+        self.tables = AttentionTables(model)
 
     # ------------------------------------------------------------------ features
     def features(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
@@ -100,12 +185,16 @@ class StepCostModel:
         new_tokens = np.asarray(new_tokens)
         context_tokens = np.asarray(context_tokens)
         n = len(new_tokens)
+        if n and _whole_numbers(new_tokens, context_tokens):
+            attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
+        elif n:
+            attn, kv = self.model.attention_flops(new_tokens, context_tokens), self.model.kv_read_bytes(context_tokens)
         return StepFeatures(
             num_tokens=float(new_tokens.sum()),
             num_seqs=float(n),
             num_sampled=float(n if num_sampled is None else num_sampled),
-            attn_flops=float(np.sum(self.model.attention_flops(new_tokens, context_tokens))) if n else 0.0,
-            kv_read_bytes=float(np.sum(self.model.kv_read_bytes(context_tokens))) if n else 0.0,
+            attn_flops=float(np.sum(attn)) if n else 0.0,
+            kv_read_bytes=float(np.sum(kv)) if n else 0.0,
         )
 
     def decode_features(self, context_tokens: np.ndarray, tokens_per_seq: int = 1) -> StepFeatures:
@@ -114,33 +203,36 @@ class StepCostModel:
         k, b = context_tokens.shape
         m = self.model
         n = float(b * tokens_per_seq)
+        if _whole_numbers(context_tokens) and isinstance(tokens_per_seq, (int, np.integer)):
+            attn, kv = self.tables.chunk(int(tokens_per_seq))[context_tokens], self.tables.kv[context_tokens]
+        else:
+            attn = m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)
+            kv = m.kv_read_bytes(context_tokens)
         return StepFeatures(
             num_tokens=np.full(k, n), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, n),
-            attn_flops=m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens).sum(axis=1),
-            kv_read_bytes=m.kv_read_bytes(context_tokens).sum(axis=1))
+            attn_flops=attn.sum(axis=1), kv_read_bytes=kv.sum(axis=1))
 
     # ------------------------------------------------------------------ pricing
     def time_parts(self, f: StepFeatures, efficiency: dict[str, float] | None = None,
                    with_overhead: bool = True) -> dict[str, np.ndarray | float]:
-        """Seconds per component; works on scalars or on arrays of many steps."""
+        """Seconds per component; works on scalars or on arrays of many steps (Python floats in,
+        Python floats out)."""
         eff = self.efficiency if efficiency is None else efficiency
         m, tp = self.model, self.tp
         bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
-        n_tok = np.asarray(f.num_tokens, dtype=float)
-        dense_flops = self._dense_flops_per_token * n_tok + self._lm_head_flops * np.asarray(f.num_sampled, dtype=float)
+        n_tok = _float_or_array(f.num_tokens)
+        dense_flops = self._dense_flops_per_token * n_tok + self._lm_head_flops * _float_or_array(f.num_sampled)
         parts: dict[str, np.ndarray | float] = {
-            "dense_gemm": np.maximum(dense_flops / (tp * self._peak_dense * eff["gemm"]),
-                                     m.dense_weight_bytes / (tp * bw)),
+            "dense_gemm": fast_maximum(dense_flops / (tp * self._peak_dense * eff["gemm"]),
+                                   m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
-            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, n_tok)
+            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, np.asarray(n_tok))
             moe = eff[self.moe_efficiency_key]
             parts["moe_gemm"] = np.maximum(
                 m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe),
                 m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe))
-        parts["attention"] = np.maximum(
-            np.asarray(f.attn_flops, dtype=float) / (tp * self._peak_attn * eff["attention"]),
-            np.asarray(f.kv_read_bytes, dtype=float) / (self._kv_split * bw))
+        parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
             ring = 2.0 * (tp - 1) / tp
@@ -150,8 +242,17 @@ class StepCostModel:
         if with_overhead:
             parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
                                  + eff["layer_overhead_us"] * 1e-6 * m.num_layers
-                                 + eff["per_seq_overhead_us"] * 1e-6 * np.asarray(f.num_seqs, dtype=float))
+                                 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs))
         return parts
+
+    def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,
+                       efficiency: dict[str, float] | None = None) -> np.ndarray | float:
+        """Seconds of attention: its FLOPs at the attention peak or its KV reads at HBM bandwidth,
+        whichever takes longer (the 'attention' part of `time_parts`)."""
+        eff = self.efficiency if efficiency is None else efficiency
+        bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
+        return fast_maximum(_float_or_array(attn_flops) / (self.tp * self._peak_attn * eff["attention"]),
+                            _float_or_array(kv_read_bytes) / (self._kv_split * bw))
 
     def total_time(self, f: StepFeatures, efficiency: dict[str, float] | None = None) -> np.ndarray | float:
         return sum(self.time_parts(f, efficiency).values())

@@ -110,15 +110,30 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
     num_gpus = _num(row.get("num_gpus"))
     replicas = int(round(num_gpus / tp)) if not math.isnan(num_gpus) and num_gpus > tp else 1
     load_type = str(row["load_type"]).lower()
-    lengths = {
-        "input_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * isl))), "high": int(isl)},
-        "output_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * osl))), "high": int(osl)},
-    }
+    exact = _lens(row)
+    if exact is not None:   # vllm bench serve --save-detailed: the run's own lengths (replayed by row_stream)
+        ins, outs = exact
+        lengths = {"input_tokens": {"dist": "uniform", "low": int(ins.min()), "high": int(ins.max())},
+                   "output_tokens": {"dist": "uniform", "low": int(outs.min()), "high": int(outs.max())}}
+    else:
+        lengths = {
+            "input_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * isl))), "high": max(1, int(isl))},
+            "output_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * osl))), "high": max(1, int(osl))},
+        }
+    num_prompts = _num(row.get("num_prompts"))
+    if exact is not None:
+        num_prompts = float(len(exact[0]))
+    if "rate_and_concurrency" in load_type or "burst" in load_type:
+        return None, f"load type '{row['load_type']}' is not modelled"
     if "closed" in load_type or "concurrency" in load_type:
         c = int(load)
-        traffic = {"arrival": {"process": "closed_loop", "concurrency": c}, "num_requests": prompts_per_user * c}
-    elif "poisson" in load_type:
-        traffic = {"arrival": {"process": "poisson", "rate_rps": load}, "num_requests": POISSON_REQUESTS}
+        n = int(num_prompts) if num_prompts > 0 else prompts_per_user * c
+        traffic = {"arrival": {"process": "closed_loop", "concurrency": c}, "num_requests": n}
+    elif "poisson" in load_type or "gamma" in load_type:
+        burst = _num(row.get("burstiness"))
+        arrival = ({"process": "gamma", "rate_rps": load, "burstiness": burst}
+                   if "gamma" in load_type and burst > 0 else {"process": "poisson", "rate_rps": load})
+        traffic = {"arrival": arrival, "num_requests": int(num_prompts) if num_prompts > 0 else POISSON_REQUESTS}
     else:
         return None, f"load type '{row['load_type']}' is not modelled"
     traffic["classes"] = [{"name": "random", **lengths}]
@@ -128,7 +143,50 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
                        "tensor_parallel_size": int(tp), "replicas": replicas},
         "traffic": traffic,
     }
+    engine = {k: int(_num(row[k])) for k in ("max_num_batched_tokens", "max_num_seqs")
+              if k in row and _num(row[k]) > 0}
+    if engine:
+        scenario["engine"] = engine
     return scenario, None
+
+
+def _lens(row: dict[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """The per-request (input, output) lengths a vLLM --save-detailed result recorded, if any."""
+    ins, outs = row.get("input_lens"), row.get("output_lens")
+    if isinstance(ins, (list, np.ndarray)) and isinstance(outs, (list, np.ndarray)) and len(ins) and len(ins) == len(outs):
+        return np.asarray(ins, dtype=np.int64), np.maximum(np.asarray(outs, dtype=np.int64), 1)
+    return None
+
+
+def row_stream(row: dict[str, Any], scenario: dict[str, Any]):
+    """The exact request stream of a row with recorded per-request lengths, else None (the scenario draws it).
+
+    Closed loop: the lengths in send order. Open loop: the recorded send times (`start_times`) when
+    present, else vLLM's gamma/Poisson gaps drawn with the scenario's seed and rescaled as vLLM does.
+    """
+    from capacity.traffic import RequestStream, TrafficConfig, _open_loop_arrivals
+
+    exact = _lens(row)
+    if exact is None:
+        return None
+    ins, outs = exact
+    arrival_cfg = scenario["traffic"]["arrival"]
+    if arrival_cfg["process"] == "closed_loop":
+        arrival = np.full(len(ins), np.nan)
+        conc = int(arrival_cfg["concurrency"])
+    else:
+        conc = None
+        starts = row.get("start_times")
+        if isinstance(starts, (list, np.ndarray)) and len(starts) == len(ins):
+            arrival = np.asarray(starts, dtype=float) - float(np.min(starts))
+            order = np.argsort(arrival, kind="stable")
+            arrival, ins, outs = arrival[order], ins[order], outs[order]
+        else:
+            cfg = TrafficConfig.model_validate(scenario["traffic"])
+            rng = np.random.default_rng(np.random.SeedSequence(0).spawn(2)[0]).spawn(3)[0]
+            arrival = _open_loop_arrivals(cfg.arrival, len(ins), None, rng)
+    return RequestStream(arrival_s=arrival.astype(float), prompt_tokens=ins, output_tokens=outs,
+                         class_index=np.zeros(len(ins), dtype=np.int64), class_names=["recorded"], concurrency=conc)
 
 
 def predict_row(row: dict[str, Any], gpu_overrides: dict | None = None,
@@ -142,7 +200,7 @@ def predict_row(row: dict[str, Any], gpu_overrides: dict | None = None,
     if gpu_overrides:
         sc_dict["deployment"]["gpu_overrides"] = gpu_overrides
     try:
-        result = simulate.run(scenario_mod.from_dict(sc_dict, sc_dict["name"]))
+        result = simulate.run(scenario_mod.from_dict(sc_dict, sc_dict["name"]), stream=row_stream(row, sc_dict))
     except CapacityError as e:
         return {"skipped": str(e)}
     return {**prediction_from_metrics(result.metrics, row), "skipped": None, "stable": result.stable}
