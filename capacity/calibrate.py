@@ -41,7 +41,7 @@ from scipy.optimize import least_squares
 
 from capacity import validate
 from capacity.errors import CapacityError
-from capacity.hardware import GpuProfile, load_gpu, save_profile
+from capacity.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
 from capacity.step_cost import StepCostModel, StepFeatures
 
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
@@ -284,7 +284,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     if info is not None:
         info["converged"] = bool(sol.success)
         info["message"] = str(sol.message)
-        info["at_bound"] = [k for k, v in zip(keys, sol.x) if k in ("gemm", "moe", "hbm", "attention", "allreduce")
+        info["at_bound"] = [k for k, v in zip(keys, sol.x) if k in FRACTION_EFFICIENCY_KEYS
                             and v >= BOUNDS[k][1] - 1e-3]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})
