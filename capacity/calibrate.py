@@ -41,18 +41,18 @@ from scipy.optimize import least_squares
 
 from capacity import validate
 from capacity.errors import CapacityError
-from capacity.hardware import GpuProfile, load_gpu, save_profile
+from capacity.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
 from capacity.step_cost import StepCostModel, StepFeatures
 
-FITTED_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
+FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms")
-BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
+BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
           "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
 # mid-range efficiencies and small overheads. Not a prior: the better of the two fits is kept.
-NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
+NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0}
 
 
@@ -236,15 +236,18 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
                       metrics: tuple[str, ...] = FIT_METRICS) -> tuple[tuple[str, ...], dict[str, str]]:
     """The FITTED_KEYS these runs can pin down, and why each other one is left at the profile value.
 
-    Structural rules: moe needs a MoE model, allreduce a run with TP > 1, layer_overhead_us runs of
+    Structural rules: moe needs a MoE model (moe_int4 one with int4 experts), allreduce a run with TP > 1, layer_overhead_us runs of
     models with different layer counts (with one layer count it is the same constant per step as
     step_overhead_ms). Then a sensitivity test: a key whose 10 % change moves no fitted metric by
     more than 0.1 % (log-residual norm) is not identifiable from these runs.
     """
     why: dict[str, str] = {}
     models = [p.cost.model for p in pricers]
-    if not any(m.num_moe_layers for m in models):
-        why["moe"] = "no MoE model in the runs"
+    moe_keys = {p.cost.moe_efficiency_key for p in pricers if p.cost.model.num_moe_layers}
+    if "moe" not in moe_keys:
+        why["moe"] = "no MoE model with fp8/fp4/bf16 experts in the runs"
+    if "moe_int4" not in moe_keys:
+        why["moe_int4"] = "no MoE model with int4 (W4A16) experts in the runs"
     if all(p.cost.tp == 1 for p in pricers):
         why["allreduce"] = "every run is TP=1 (no all-reduce)"
     if len({m.num_layers for m in models}) < 2:
@@ -281,7 +284,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     if info is not None:
         info["converged"] = bool(sol.success)
         info["message"] = str(sol.message)
-        info["at_bound"] = [k for k, v in zip(keys, sol.x) if k in ("gemm", "moe", "hbm", "attention", "allreduce")
+        info["at_bound"] = [k for k, v in zip(keys, sol.x) if k in FRACTION_EFFICIENCY_KEYS
                             and v >= BOUNDS[k][1] - 1e-3]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})

@@ -29,11 +29,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
 
-EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-                   "layer_overhead_us", "request_overhead_ms")
+EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
+                   "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
-FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "hbm", "attention", "allreduce")
+FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce")
 """The efficiency keys that are fractions in (0, 1]; the other two are overheads (>= 0)."""
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
@@ -81,6 +81,7 @@ _EXPECTED_UNIT = {
     "measured.flash_attention_tflops": "TFLOPS",
     "efficiency.gemm": "fraction",
     "efficiency.moe": "fraction",
+    "efficiency.moe_int4": "fraction",
     "efficiency.layer_overhead_us": "us",
     "efficiency.request_overhead_ms": "ms",
     "efficiency.hbm": "fraction",
@@ -103,6 +104,8 @@ _DTYPE_FAMILY = {
     **dict.fromkeys(("int4", "uint4", "w4a16", "awq", "gptq", "w8a16", "fp4", "mxfp4", "nvfp4", "fp4_e2m1"),
                     "weight_only"),
 }
+
+_INT4_DTYPES = ("int4", "uint4", "w4a16", "awq", "gptq")
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,13 @@ class GpuProfile:
             return "bf16"
         native = "fp8" if family == "int8" else family
         return native if native in self.peak_dense_tflops else "bf16"
+
+    def moe_efficiency_key(self, expert_weight_dtype: str) -> str:
+        """The efficiency entry that scales expert (MoE) GEMMs on weights of this dtype: `moe_int4` for
+        integer 4-bit weight-only experts (compressed-tensors/AWQ/GPTQ W4A16: a separate kernel path on
+        ROCm whose measured speed is far from the fp8/mxfp4 experts', e.g. Kimi-K2.5 INT4 on MI300X),
+        `moe` for every other format."""
+        return "moe_int4" if _normalise_dtype(expert_weight_dtype) in _INT4_DTYPES else "moe"
 
     def peak_tflops(self, dtype: str) -> float:
         """Dense peak TFLOPS of the tensor-core dtype a GEMM on `dtype` weights runs in (see compute_dtype)."""
@@ -346,6 +356,7 @@ class _EfficiencyModel(BaseModel):
 
     gemm: _LeafModel
     moe: _LeafModel
+    moe_int4: _LeafModel
     hbm: _LeafModel
     attention: _LeafModel
     allreduce: _LeafModel

@@ -201,6 +201,7 @@ class StepCostModel:
         self._peak_dense = gpu.peak_tflops(model.dense_weight_dtype) * 1e12
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
+        self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         self._kv_split = 1 if model.uses_mla else self.tp
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
@@ -258,9 +259,10 @@ class StepCostModel:
         }
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, np.asarray(n_tok))
+            moe = eff[self.moe_efficiency_key]
             parts["moe_gemm"] = np.maximum(
-                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * eff["moe"]),
-                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff["moe"]))
+                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe),
+                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe))
         parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES

@@ -1,0 +1,35 @@
+"""Expert GEMMs of int4 (W4A16) MoE models are priced with the profile's `moe_int4` efficiency,
+every other expert format with `moe` (capacity.hardware.GpuProfile.moe_efficiency_key)."""
+
+import numpy as np
+import pytest
+
+from capacity.hardware import load_gpu
+from capacity.models import load_model
+from capacity.step_cost import StepCostModel
+
+
+def _moe_seconds(model_id: str, **eff) -> float:
+    gpu = load_gpu("MI300X")
+    cost = StepCostModel(gpu, load_model(model_id), 8)
+    f = cost.features(np.full(16, 1), np.full(16, 2048))
+    return float(cost.time_parts(f, {**gpu.efficiency, **eff})["moe_gemm"])
+
+
+def test_int4_experts_scale_inversely_with_moe_int4_only():
+    base = _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.4)
+    # both roofline terms of the expert GEMM divide by the efficiency: halving it doubles the time
+    assert _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.2) == pytest.approx(2 * base, rel=1e-12)
+    assert _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.4, moe=0.9) == pytest.approx(base, rel=1e-12)
+
+
+def test_other_expert_formats_ignore_moe_int4():
+    base = _moe_seconds("openai/gpt-oss-120b", moe=0.5)
+    assert _moe_seconds("openai/gpt-oss-120b", moe=0.5, moe_int4=0.05) == pytest.approx(base, rel=1e-12)
+    assert _moe_seconds("openai/gpt-oss-120b", moe=0.25) == pytest.approx(2 * base, rel=1e-12)
+
+
+def test_efficiency_key_by_weight_format():
+    gpu = load_gpu("MI355X")
+    assert [gpu.moe_efficiency_key(d) for d in ("int4", "AWQ", "w4a16", "mxfp4", "fp8", "bf16")] == \
+        ["moe_int4", "moe_int4", "moe_int4", "moe", "moe", "moe"]
