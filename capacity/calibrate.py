@@ -94,7 +94,7 @@ class Repricer:
         self.rec = rec
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"])
         f = rec.features
-        self.features = StepFeatures(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])
+        self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
 
     def predict(self, efficiency: dict[str, float]) -> dict[str, float]:
         r = self.rec

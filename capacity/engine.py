@@ -81,7 +81,7 @@ class StepRecorder:
     """What a replica records per step for metrics: ITL gaps and a few time series."""
 
     def __init__(self) -> None:
-        self.features: list[tuple[float, float, float, float, float]] = []
+        self.features: list[tuple[float, ...]] = []  # StepFeatures.as_tuple() per step
         self.draft_s: list[float] = []
         self.itl_chunks: list[np.ndarray] = []
         self.t: list[float] = []
@@ -183,7 +183,8 @@ class Replica:
                 yield from self._decode_run(ids, k)
                 continue
             context_end = t.computed[ids] + new_tokens
-            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()))
+            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + num_spec.sum()),
+                                          num_spec=num_spec)
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
             cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
             dt = cost.total_s
