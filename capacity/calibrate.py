@@ -122,7 +122,7 @@ class Repricer:
         self.rec = rec
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"])
         f = rec.features
-        self.features = StepFeatures(f[:, 0], f[:, 1], f[:, 2], f[:, 3], f[:, 4])
+        self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
         starts = rec.step_end_s - np.asarray(self.cost.total_time(self.features, rec.record_eff), dtype=float)
         reach = rec.arrival_s + rec.record_eff["request_overhead_ms"] * 1e-3

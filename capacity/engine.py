@@ -32,7 +32,7 @@ import numpy as np
 import simpy
 
 from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime, TokenTable, all_true, any_true, int_min, int_sum
+from capacity.step_cost import NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, any_true, int_min, int_sum
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class StepRecorder:
         if not self._pending:
             return
         t_, waiting_, running_, kv_, tokens_, draft_ = ([] for _ in range(6))
-        features: list[list] = [[] for _ in range(5)]
+        features: list[list] = [[] for _ in range(NUM_FEATURES)]
         counts: list[int] = []                           # steps per record
         copies: dict[tuple[float, int], float] = {}      # the sum of k copies of a constant part
         parts, busy_s = self._parts, self._busy_s
@@ -177,7 +177,7 @@ class StepRecorder:
     def _joined(self, name: str) -> np.ndarray:
         self._join()
         chunks = self._series[name]
-        return chunks[0] if chunks else (np.zeros((0, 5)) if name == "features" else np.zeros(0))
+        return chunks[0] if chunks else (np.zeros((0, NUM_FEATURES)) if name == "features" else np.zeros(0))
 
     @property
     def t(self) -> np.ndarray:
@@ -284,7 +284,8 @@ class Replica:
                 yield from self._decode_run(ids, decode_k)
                 continue
             context_end = t.computed[ids] + new_tokens
-            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)))
+            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)),
+                                          num_spec=num_spec)
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
             cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
             dt = cost.total_s
@@ -334,8 +335,9 @@ class Replica:
                 accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
-        step = StepFeatures(float(features.num_tokens[0]), float(features.num_seqs[0]), float(features.num_sampled[0]),
-                            features.attn_flops, features.kv_read_bytes)
+        first = lambda x: float(np.ravel(x)[0])  # noqa: E731
+        step = StepFeatures(first(features.num_tokens), first(features.num_seqs), first(features.num_sampled),
+                            features.attn_flops, features.kv_read_bytes, first(features.verify_seqs))
         parts = self.cost.time_parts(step)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, ctx.sum(axis=1), k)

@@ -166,7 +166,8 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
         has = prefill > 0
         f = StepFeatures(num_tokens=b * (1 + k) + prefill, num_seqs=b + has, num_sampled=b * (1 + k) + has,
                          attn_flops=b * decode_attn + has * m.attention_flops(chunk, pre_ctx),
-                         kv_read_bytes=b * decode_kv + has * m.kv_read_bytes(pre_ctx))
+                         kv_read_bytes=b * decode_kv + has * m.kv_read_bytes(pre_ctx),
+                         verify_seqs=b * (k > 0))
         t = np.asarray(cost.total_time(f), dtype=float)
         if k:
             t = t + spec.draft_time_steps(b, f.num_tokens, b * ctx, k)

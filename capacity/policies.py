@@ -170,7 +170,8 @@ def decode_step_time(target_cost: StepCostModel, draft_cost: Any | None) -> Call
         c = max(float(context), 0.0) + q
         f = StepFeatures(num_tokens=float(batch * q), num_seqs=float(batch), num_sampled=float(batch * q),
                          attn_flops=float(batch * model.attention_flops(q, c)),
-                         kv_read_bytes=float(batch * model.kv_read_bytes(c)))
+                         kv_read_bytes=float(batch * model.kv_read_bytes(c)),
+                         verify_seqs=float(batch if n > 0 else 0))
         t = float(sum(np.asarray(v, dtype=float) for v in target_cost.time_parts(f).values()))
         if draft_cost is not None and n > 0:
             t += float(draft_cost.time_s(batch, batch * q, batch * c, n))

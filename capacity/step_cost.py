@@ -10,11 +10,28 @@ component, priced by the same `forward()` on the drafter's architecture.
 
 Work per GPU under tensor parallelism: weights, FLOPs and (GQA) KV heads are split over the TP
 ranks; an MLA latent cache has no heads to split, so every rank reads all of it.
+
+Two terms apply to speculative verification only (sequences that verify N > 0 drafts; a plain
+decode or prefill step is priced as before):
+
+* Correlated expert routing. The 1 + N tokens one sequence verifies are consecutive tokens of one
+  text, which largely reuse the same experts, so for the distinct-expert (weight-bytes) term they
+  count as (1 + N)^rho routed tokens instead of 1 + N (rho = 1: independent routing, the uniform
+  formula of `expected_distinct_experts`; rho = 0: every draft routes like its sequence's first
+  token). `VERIFY_ROUTING_EXPONENT`, fitted on the seed article's rows (docs/seed_validation.md).
+* Recurrent-state snapshots of linear-attention (Gated DeltaNet) layers. vLLM's recurrent kernel
+  stores the full state after every token of a multi-token (verification) query, one slot per
+  token, so that the state after the last accepted token can be resumed
+  (vllm/model_executor/layers/fla/ops/fused_recurrent.py: "keep the states for multi-query tokens",
+  one `tl.store` of the [K, V] state per token). A decode step stores one state per sequence, which
+  the fitted HBM efficiency of the baseline already carries; verification stores N more per
+  sequence, written in [128 x 8] fp32 tiles, i.e. 32-byte row segments
+  (`STATE_SNAPSHOT_WRITE_EFFICIENCY`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -26,6 +43,18 @@ if TYPE_CHECKING:
 COMPONENTS = ("dense_gemm", "moe_gemm", "attention", "allreduce", "overhead", "draft")
 
 ACTIVATION_BYTES = 2  # bf16 activations travel through the all-reduce
+
+# Routed-token exponent of one sequence's 1 + N verification tokens (module docstring). basis:
+# fitted on the 292 rows of the seed article (capacity/data/measurements/seed_spec_decode.csv),
+# 2026-11-29, jointly with per-method draft-pass overheads bounded to <= 1 ms; it is set by the
+# Kimi-K2.5 rows (384 experts, C = 4), where the expert term dominates a step (docs/seed_validation.md).
+VERIFY_ROUTING_EXPONENT = 0.5
+
+# Fraction of the (efficiency-scaled) HBM bandwidth at which verification's extra recurrent-state
+# snapshots are written. basis: assumed from the kernel's access pattern: fused_recurrent stores a
+# [BK = 128, BV = 8] fp32 tile whose rows are 8 contiguous floats (32 bytes) at a stride of V floats,
+# so each store fills 32 bytes of a 128-byte line (MI300X/MI355X L2 line; CDNA3 ISA guide) -> 1/4.
+STATE_SNAPSHOT_WRITE_EFFICIENCY = 0.25
 
 
 @dataclass(frozen=True)
@@ -181,22 +210,33 @@ class StepFeatures:
     num_sampled: np.ndarray | float     # positions that need logits
     attn_flops: np.ndarray | float      # attention-score FLOPs, whole model (all TP ranks)
     kv_read_bytes: np.ndarray | float   # KV bytes read, whole model
+    verify_seqs: np.ndarray | float = 0.0   # sequences verifying N > 0 drafts (their drafts: num_sampled - num_seqs)
 
     def as_tuple(self) -> tuple:
-        return (self.num_tokens, self.num_seqs, self.num_sampled, self.attn_flops, self.kv_read_bytes)
+        return (self.num_tokens, self.num_seqs, self.num_sampled, self.attn_flops, self.kv_read_bytes,
+                self.verify_seqs)
 
     def first(self, k: int) -> "StepFeatures":
         """The first k steps of a many-step record."""
-        return StepFeatures(*(np.asarray(x)[:k] for x in self.as_tuple()))
+        n = np.shape(self.num_tokens)
+        return StepFeatures(*(np.broadcast_to(np.asarray(x), n)[:k] for x in self.as_tuple()))
+
+
+NUM_FEATURES = len(fields(StepFeatures))
+"""Columns of a recorded step (StepFeatures.as_tuple())."""
 
 
 class StepCostModel:
     """Prices forward passes of one model on one GPU type at one tensor-parallel size."""
 
-    def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1):
+    def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1,
+                 verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
+                 state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY):
         self.gpu = gpu
         self.model = model
         self.tp = int(tensor_parallel_size)
+        self.verify_routing_exponent = float(verify_routing_exponent)
+        self.state_snapshot_write_efficiency = float(state_snapshot_write_efficiency)
         self.efficiency = dict(gpu.efficiency)
         self._peak_dense = gpu.peak_tflops(model.dense_weight_dtype) * 1e12
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
@@ -209,9 +249,10 @@ class StepCostModel:
 
     # ------------------------------------------------------------------ features
     def features(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
-                 num_sampled: float | None = None) -> StepFeatures:
+                 num_sampled: float | None = None, num_spec: np.ndarray | None = None) -> StepFeatures:
         """new_tokens[i]: tokens sequence i contributes to this pass; context_tokens[i]: its context
-        length at the end of the pass (prompt + output tokens computed, including these)."""
+        length at the end of the pass (prompt + output tokens computed, including these);
+        num_spec[i]: the drafts among them that sequence i verifies (None: no speculation)."""
         new_tokens = np.asarray(new_tokens)
         context_tokens = np.asarray(context_tokens)
         n = len(new_tokens)
@@ -226,6 +267,7 @@ class StepCostModel:
             num_sampled=float(n if num_sampled is None else num_sampled),
             attn_flops=float(attn.sum()) if n else 0.0,
             kv_read_bytes=float(kv.sum()) if n else 0.0,
+            verify_seqs=float(np.count_nonzero(np.asarray(num_spec) > 0)) if num_spec is not None else 0.0,
         )
 
     def decode_features(self, context_tokens: np.ndarray, tokens_per_seq: int = 1) -> StepFeatures:
@@ -241,7 +283,26 @@ class StepCostModel:
             kv = m.kv_read_bytes(context_tokens)
         return StepFeatures(
             num_tokens=np.full(k, n), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, n),
-            attn_flops=attn.sum(axis=1), kv_read_bytes=kv.sum(axis=1))
+            attn_flops=attn.sum(axis=1), kv_read_bytes=kv.sum(axis=1),
+            verify_seqs=np.full(k, float(b if tokens_per_seq > 1 else 0)))
+
+    def routed_tokens(self, f: StepFeatures) -> np.ndarray | float:
+        """Tokens that count for the distinct-expert term: each of the `verify_seqs` sequences'
+        1 + N verification tokens counts as (1 + N)^rho (module docstring), N = drafts / verify_seqs."""
+        n_tok = np.asarray(f.num_tokens, dtype=float)
+        v = np.asarray(f.verify_seqs, dtype=float)
+        drafts = np.maximum(np.asarray(f.num_sampled, dtype=float) - np.asarray(f.num_seqs, dtype=float), 0.0)
+        q = 1.0 + drafts / np.maximum(v, 1.0)
+        return n_tok - np.where(v > 0, v * (q - q ** self.verify_routing_exponent), 0.0)
+
+    def snapshot_bytes(self, f: StepFeatures) -> np.ndarray | float:
+        """Recurrent-state bytes (whole model) verification stores beyond decode's one state per
+        sequence: one state per verified draft (module docstring)."""
+        m = self.model
+        if not (m.num_linear_attention_layers and m.state_bytes_per_seq):
+            return np.zeros_like(np.asarray(f.num_tokens, dtype=float))
+        drafts = np.maximum(np.asarray(f.num_sampled, dtype=float) - np.asarray(f.num_seqs, dtype=float), 0.0)
+        return m.state_bytes_per_seq * drafts * (np.asarray(f.verify_seqs, dtype=float) > 0)
 
     # ------------------------------------------------------------------ pricing
     def time_parts(self, f: StepFeatures, efficiency: dict[str, float] | None = None,
@@ -258,12 +319,15 @@ class StepCostModel:
                                        m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
-            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, np.asarray(n_tok))
+            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
             moe = eff[self.moe_efficiency_key]
             parts["moe_gemm"] = np.maximum(
                 m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe),
                 m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe))
         parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
+        if m.num_linear_attention_layers:
+            parts["attention"] = parts["attention"] + self.snapshot_bytes(f) / (
+                tp * bw * self.state_snapshot_write_efficiency)
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
             ring = 2.0 * (tp - 1) / tp

@@ -20,7 +20,7 @@ class ConstantCost:
     def __init__(self, step_s: float):
         self.step_s = step_s
 
-    def features(self, new_tokens, context_tokens, num_sampled=None):
+    def features(self, new_tokens, context_tokens, num_sampled=None, num_spec=None):
         return StepFeatures(float(np.sum(new_tokens)), float(len(new_tokens)), float(len(new_tokens)), 0.0, 0.0)
 
     def decode_features(self, ctx, tokens_per_seq=1):
