@@ -221,6 +221,13 @@ class StepRecorder:
         return self._busy_s
 
 
+def _first(x: np.ndarray | float) -> float:
+    """The first step's value of a feature (an array over steps, or one value for all)."""
+    if type(x) is float:
+        return x
+    return float(x.flat[0]) if isinstance(x, np.ndarray) else float(x)
+
+
 def _per_step(x: np.ndarray | float, k: int) -> np.ndarray:
     """A feature of k steps (an array, possibly longer, or one value for all) as k floats."""
     x = np.asarray(x, dtype=float)
@@ -335,9 +342,8 @@ class Replica:
                 accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
-        first = lambda x: float(np.ravel(x)[0])  # noqa: E731
-        step = StepFeatures(first(features.num_tokens), first(features.num_seqs), first(features.num_sampled),
-                            features.attn_flops, features.kv_read_bytes, first(features.verify_seqs))
+        step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
+                            features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
         parts = self.cost.time_parts(step)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, ctx.sum(axis=1), k)

@@ -267,7 +267,7 @@ class StepCostModel:
             num_sampled=float(n if num_sampled is None else num_sampled),
             attn_flops=float(attn.sum()) if n else 0.0,
             kv_read_bytes=float(kv.sum()) if n else 0.0,
-            verify_seqs=float(np.count_nonzero(np.asarray(num_spec) > 0)) if num_spec is not None else 0.0,
+            verify_seqs=float(int_sum(np.asarray(num_spec) > 0)) if num_spec is not None else 0.0,
         )
 
     def decode_features(self, context_tokens: np.ndarray, tokens_per_seq: int = 1) -> StepFeatures:
