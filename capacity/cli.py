@@ -283,10 +283,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_sweep_parser(sub)
 
-    from capacity.report import add_report_parser
-
-    add_report_parser(sub)
+    r = sub.add_parser("report", help="HTML report (and PNG/SVG figures) of a simulate, validate, sweep or plan folder")
+    r.add_argument("results", nargs="?", help="folder written by --out of capacity simulate, validate, sweep or plan")
+    r.add_argument("--out", help="HTML file to write (default: RESULTS/report.html)")
+    r.add_argument("--png", metavar="DIR", help="also write every figure as PNG and SVG, and summary.md, here")
+    r.add_argument("--explainer", metavar="FILE.html", help="write the interactive draft-and-verify view alone")
+    r.set_defaults(func=cmd_report)
     return p
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from capacity import report  # plotly and pandas: imported only when a report is made
+
+    return report.cmd_report(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -538,13 +538,3 @@ def cmd_report(args: argparse.Namespace) -> int:
         if args.png:
             print(f"wrote {args.png}/summary.md and {len(rep.figures) + 1} figures as PNG and SVG")
     return 0
-
-
-def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
-    r = subparsers.add_parser("report", help="HTML report (and PNG/SVG figures) of a simulate, validate, sweep or plan folder")
-    r.add_argument("results", nargs="?", help="folder written by --out of capacity simulate, validate, sweep or plan")
-    r.add_argument("--out", help="HTML file to write (default: RESULTS/report.html)")
-    r.add_argument("--png", metavar="DIR", help="also write every figure as PNG and SVG, and summary.md, here")
-    r.add_argument("--explainer", metavar="FILE.html", help="write the interactive draft-and-verify view alone")
-    r.set_defaults(func=cmd_report)
-    return r

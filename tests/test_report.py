@@ -4,13 +4,11 @@ draws it and the PNG/SVG export."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -43,21 +41,9 @@ simulation: {{seed: 1}}
 
 # ------------------------------------------------------------------------------------ helpers
 def run_cli(argv: list[str]) -> int:
-    """`capacity ARGV` with the CLI's error handling; uses capacity.cli when it registers `report`,
-    else a parser built with report.add_report_parser."""
+    """`capacity ARGV` with the CLI's error handling (exit status as an int)."""
     from capacity import cli
 
-    parser = cli.build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    if argv[0] == "report" and "report" not in sub.choices:
-        parser = argparse.ArgumentParser(prog="capacity")
-        report.add_report_parser(parser.add_subparsers(dest="command", required=True))
-        args = parser.parse_args(argv)
-        try:
-            return int(args.func(args) or 0)
-        except CapacityError as e:
-            print(f"capacity: error: {e}", file=sys.stderr)
-            return 2
     return cli.main(argv)
 
 
