@@ -216,6 +216,11 @@ class StepFeatures:
         return (self.num_tokens, self.num_seqs, self.num_sampled, self.attn_flops, self.kv_read_bytes,
                 self.verify_seqs)
 
+    @property
+    def num_drafts(self) -> np.ndarray:
+        """Draft tokens verified in the step (sampled positions beyond one per sequence)."""
+        return np.maximum(np.asarray(self.num_sampled, dtype=float) - np.asarray(self.num_seqs, dtype=float), 0.0)
+
     def first(self, k: int) -> "StepFeatures":
         """The first k steps of a many-step record."""
         n = np.shape(self.num_tokens)
@@ -291,7 +296,7 @@ class StepCostModel:
         1 + N verification tokens counts as (1 + N)^rho (module docstring), N = drafts / verify_seqs."""
         n_tok = np.asarray(f.num_tokens, dtype=float)
         v = np.asarray(f.verify_seqs, dtype=float)
-        drafts = np.maximum(np.asarray(f.num_sampled, dtype=float) - np.asarray(f.num_seqs, dtype=float), 0.0)
+        drafts = f.num_drafts
         q = 1.0 + drafts / np.maximum(v, 1.0)
         return n_tok - np.where(v > 0, v * (q - q ** self.verify_routing_exponent), 0.0)
 
@@ -301,7 +306,7 @@ class StepCostModel:
         m = self.model
         if not (m.num_linear_attention_layers and m.state_bytes_per_seq):
             return np.zeros_like(np.asarray(f.num_tokens, dtype=float))
-        drafts = np.maximum(np.asarray(f.num_sampled, dtype=float) - np.asarray(f.num_seqs, dtype=float), 0.0)
+        drafts = f.num_drafts
         return m.state_bytes_per_seq * drafts * (np.asarray(f.verify_seqs, dtype=float) > 0)
 
     # ------------------------------------------------------------------ pricing
