@@ -194,7 +194,7 @@ class _Stateless:
             neg = self._neg_cache[n] = -self._surv(int(n))
         if len(neg) == 0:
             return np.zeros(u.shape, dtype=np.int64)
-        return np.searchsorted(neg, -u, side="left").astype(np.int64, copy=False)
+        return neg.searchsorted(-u, side="left").astype(np.int64, copy=False)   # np.searchsorted without its wrapper
 
     def _accept(self, u: np.ndarray, spec: np.ndarray) -> np.ndarray:
         """u has shape (..., len(spec)); column i uses spec[i] drafts."""

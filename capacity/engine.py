@@ -93,9 +93,9 @@ class StepRecorder:
     """What a replica records per step for metrics: ITL gaps and a few per-step series.
 
     Steps come one at a time or as runs of steps (arrays). They are kept as they come and joined
-    into the per-step series (numpy arrays) and the per-component totals when first read: joining
-    them run by run would cost more than simulating the run. Totals add up in step order, as if
-    each step had been recorded on arrival.
+    into the per-step series (numpy arrays) and the per-component totals when first read, a series
+    at a time (one numpy call per series, not per record: most records are a handful of steps).
+    Totals add up in step order, as if each step had been recorded on arrival.
     """
 
     _SERIES = ("t", "waiting", "running", "kv_used", "batch_tokens", "draft_s", "features")
@@ -103,76 +103,83 @@ class StepRecorder:
     def __init__(self) -> None:
         self.itl_chunks: list[np.ndarray] = []
         self.num_steps = 0
-        self._pending: list[tuple] = []                  # (is_run, record), in step order
+        # one entry per record (a step or a run), in step order
+        self._counts: list[int] = []                     # steps
+        self._t: list[np.ndarray | float] = []           # end times (a run's array holds exactly its steps)
+        self._waiting: list[int] = []
+        self._running: list[int] = []
+        self._kv: list[float] = []
+        self._tokens: list[np.ndarray | float] = []      # tokens in the forward pass
+        self._draft: list[np.ndarray | float] = []
+        self._features: list[StepFeatures] = []
+        self._parts_in: list[tuple[dict, np.ndarray | float]] = []  # (parts, a run's durations or a step's)
         self._series: dict[str, list[np.ndarray]] = {name: [] for name in self._SERIES}
         self._parts: dict[str, float] = {}
         self._busy_s = 0.0
+        self._copies: dict[tuple[float, int], float] = {}   # the sum of k copies of a constant part
 
     def add_run(self, ends: np.ndarray, durations: np.ndarray, running: int, kv_used: float,
                 parts: dict[str, np.ndarray | float], features: StepFeatures, k: int,
                 draft_s: np.ndarray | None) -> None:
-        """k identical-shape decode steps at once (see Replica._decode_run). `parts` and `features`
-        hold one value per step (arrays, which may run past k) or one for every step."""
+        """k identical-shape decode steps at once (see Replica._decode_run). `ends` and `durations`
+        hold the k steps; `parts`, `features` and `draft_s` one value per step (arrays, which may run
+        past k) or one for every step."""
         self.num_steps += k
-        self._pending.append((True, (ends, durations, running, kv_used, parts, features, k, draft_s)))
+        self._counts.append(k)
+        self._t.append(ends)
+        self._waiting.append(0)
+        self._running.append(running)
+        self._kv.append(kv_used)
+        self._tokens.append(features.num_tokens)
+        self._draft.append(0.0 if draft_s is None else draft_s)
+        self._features.append(features)
+        self._parts_in.append((parts, durations))
 
     def add_step(self, t: float, dt: float, waiting: int, running: int, kv_used: float,
                  batch_tokens: int, cost: StepTime, features: StepFeatures) -> None:
         self.num_steps += 1
-        self._pending.append((False, (t, dt, waiting, running, kv_used, batch_tokens, cost, features)))
+        self._counts.append(1)
+        self._t.append(t)
+        self._waiting.append(waiting)
+        self._running.append(running)
+        self._kv.append(kv_used)
+        self._tokens.append(batch_tokens)
+        self._draft.append(cost.parts_s.get("draft", 0.0))
+        self._features.append(features)
+        self._parts_in.append((cost.parts_s, dt))
 
     def _join(self) -> None:
-        if not self._pending:
+        counts = self._counts
+        if not counts:
             return
-        t_, waiting_, running_, kv_, tokens_, draft_ = ([] for _ in range(6))
-        features: list[list] = [[] for _ in range(NUM_FEATURES)]
-        counts: list[int] = []                           # steps per record
-        copies: dict[tuple[float, int], float] = {}      # the sum of k copies of a constant part
-        parts, busy_s = self._parts, self._busy_s
-        for is_run, record in self._pending:
-            if is_run:
-                ends, durations, running, kv_used, step_parts, step_features, k, draft_s = record
-                busy_s += float(durations.sum())
-                counts.append(k)
-                t_.append(ends)
-                waiting_.append(0)
-                running_.append(running)
-                kv_.append(kv_used)
-                tokens_.append(_per_step(step_features.num_tokens, k))
-                draft_.append(np.zeros(k) if draft_s is None else draft_s[:k])
-                for column, x in zip(features, step_features.as_tuple()):
-                    column.append(_per_step(x, k))
+        parts, copies, busy_s = self._parts, self._copies, self._busy_s
+        for (step_parts, durations), k in zip(self._parts_in, counts):
+            if type(durations) is not np.ndarray:       # one step
+                busy_s += durations
                 for key, v in step_parts.items():
-                    if isinstance(v, np.ndarray) and v.ndim:
-                        total = float(v[:k].sum())
-                    else:
-                        total = copies.get((v, k))
-                        if total is None:
-                            total = copies[(v, k)] = float(np.full(k, v).sum())
-                    parts[key] = parts.get(key, 0.0) + total
-            else:
-                t, dt, waiting, running, kv_used, batch_tokens, cost, step_features = record
-                busy_s += dt
-                counts.append(1)
-                t_.append([t])
-                waiting_.append(waiting)
-                running_.append(running)
-                kv_.append(kv_used)
-                tokens_.append([batch_tokens])
-                draft_.append([cost.parts_s.get("draft", 0.0)])
-                for column, x in zip(features, step_features.as_tuple()):
-                    column.append([x])
-                for key, v in cost.parts_s.items():
                     parts[key] = parts.get(key, 0.0) + v
-        self._pending = []
+                continue
+            busy_s += _float_sum(durations, k)
+            for key, v in step_parts.items():
+                if isinstance(v, np.ndarray) and v.ndim:
+                    total = _float_sum(v, k)
+                else:
+                    total = copies.get((v, k))
+                    if total is None:
+                        total = copies[(v, k)] = float(_add_reduce(np.full(k, v)))
+                parts[key] = parts.get(key, 0.0) + total
         self._busy_s = busy_s
-        new = {"t": np.concatenate(t_), "draft_s": np.concatenate(draft_).astype(float),
-               "batch_tokens": np.concatenate(tokens_).astype(int),
-               "features": np.column_stack([np.concatenate(column).astype(float) for column in features])}
-        for name, values in (("waiting", waiting_), ("running", running_), ("kv_used", kv_)):
+        columns = list(zip(*(f.as_tuple() for f in self._features)))
+        new = {"t": _column(self._t, counts), "draft_s": _column(self._draft, counts),
+               "batch_tokens": _column(self._tokens, counts).astype(int),
+               "features": np.column_stack([_column(c, counts) for c in columns])}
+        for name, values in (("waiting", self._waiting), ("running", self._running), ("kv_used", self._kv)):
             new[name] = np.repeat(np.asarray(values), counts)          # one value per record
         for name, values in new.items():
             self._series[name] = [np.concatenate(self._series[name] + [values])]
+        for pending in (self._counts, self._t, self._waiting, self._running, self._kv, self._tokens, self._draft,
+                        self._features, self._parts_in):
+            pending.clear()
 
     def _joined(self, name: str) -> np.ndarray:
         self._join()
@@ -221,17 +228,54 @@ class StepRecorder:
         return self._busy_s
 
 
+_add_reduce = np.add.reduce   # what ndarray.sum() calls, without its Python wrapper (the same sums)
+
+
+def _float_sum(x: np.ndarray, k: int) -> float:
+    """float(x[:k].sum()), bit for bit. numpy sums fewer than 8 floats one after the other from
+    0.0 (its pairwise summation only splits longer arrays: numpy/_core/src/umath/loops_utils.h.src,
+    `pairwise_sum`), so a short run is summed in plain Python, in the same order."""
+    if k >= 8:
+        return float(_add_reduce(x[:k]))
+    total = 0.0
+    for v in x[:k].tolist():
+        total += v
+    return total
+
+
+def _column(values: list | tuple, counts: list[int]) -> np.ndarray:
+    """One series as floats from one value per record: an array holding (at least) the record's
+    steps, or one number for all of them. Numbers in a row are gathered into one list, so the
+    series is one np.concatenate call however many records there are."""
+    if not any(isinstance(x, np.ndarray) and x.ndim for x in values):
+        return np.repeat(np.asarray(values, dtype=float), counts)
+    pieces: list = []
+    numbers: list = []
+    for x, k in zip(values, counts):
+        if isinstance(x, np.ndarray) and x.ndim:
+            if numbers:
+                pieces.append(numbers)
+                numbers = []
+            pieces.append(x[:k])
+        elif k == 1:
+            numbers.append(x)
+        else:
+            numbers.extend([x] * k)
+    if numbers:
+        pieces.append(numbers)
+    return np.concatenate(pieces, dtype=float)
+
+
+def _per_request(x: np.ndarray | int, n: int) -> np.ndarray:
+    """Tokens per scheduled request: an array, or one whole number for all n."""
+    return np.full(n, x, dtype=np.int64) if type(x) is int else x
+
+
 def _first(x: np.ndarray | float) -> float:
     """The first step's value of a feature (an array over steps, or one value for all)."""
     if type(x) is float:
         return x
     return float(x.flat[0]) if isinstance(x, np.ndarray) else float(x)
-
-
-def _per_step(x: np.ndarray | float, k: int) -> np.ndarray:
-    """A feature of k steps (an array, possibly longer, or one value for all) as k floats."""
-    x = np.asarray(x, dtype=float)
-    return x[:k] if x.ndim else np.full(k, float(x))
 
 
 class Replica:
@@ -290,6 +334,7 @@ class Replica:
             if decode_k is not None and self.fast_forward and self.spec.supports_runs and not self.waiting:
                 yield from self._decode_run(ids, decode_k)
                 continue
+            new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
             context_end = t.computed[ids] + new_tokens
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)),
                                           num_spec=num_spec)
@@ -346,7 +391,7 @@ class Replica:
                             features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
         parts = self.cost.time_parts(step)
         if k:
-            parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, ctx.sum(axis=1), k)
+            parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, _add_reduce(ctx, 1), k)
         durations = sum(parts.values())
         if not isinstance(durations, np.ndarray) or durations.ndim == 0:
             durations = np.full(K, float(durations))
@@ -366,38 +411,50 @@ class Replica:
             if ends[-1] > env.now:
                 yield env.timeout(ends[-1] - env.now)
         self._in_run = False
-        # apply K steps
+        # apply K steps, request by request in plain Python (a handful of integers each: numpy's
+        # per-call cost would dwarf the additions)
         if last_blocks is None:
             last_blocks = self._blocks[ctx[-1] + look]
-        new_blocks = np.maximum(last_blocks, held)
-        self.free_blocks -= int_sum(new_blocks - held)
-        out = np.minimum(o0 + emitted[-1], target)
-        rows[:, COMPUTED] += emitted[-1]
-        rows[:, BLOCKS] = new_blocks
-        rows[:, OUT] = out
-        rows[:, CHUNKS] += K
-        if k:
-            rows[:, DRAFTED] += k * K
-            rows[:, ACCEPTED] += accepted.sum(axis=0)
-            rows[:, SPEC_STEPS] += K
-        t.ints[ids] = rows
+        counts = rows.tolist()
+        emitted_l = emitted[-1].tolist() if k else [K] * B            # tokens out per request
+        accepted_l = _add_reduce(accepted, 0).tolist() if k else None
+        grown = 0
+        done: list[int] = []                                         # positions in the batch
+        for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks.tolist())):
+            if b > r[BLOCKS]:
+                grown += b - r[BLOCKS]
+                r[BLOCKS] = b
+            o = r[OUT] + e
+            if o >= r[TARGET]:
+                o = r[TARGET]
+                done.append(i)
+            r[OUT] = o
+            r[COMPUTED] += e
+            r[CHUNKS] += K
+            if k:
+                r[DRAFTED] += k * K
+                r[ACCEPTED] += accepted_l[i]
+                r[SPEC_STEPS] += K
+        self.free_blocks -= grown
+        rec = self.recorder
+        first_step = rec.num_steps
+        rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, step, K,
+                    parts["draft"] if k else None)
+        if done:
+            for i in done:                                           # finished requests free their blocks
+                self.free_blocks += counts[i][BLOCKS]
+                counts[i][BLOCKS] = 0
+        t.ints[ids] = counts
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
             gaps.append(durations[1:].repeat(B))
-        self.recorder.itl_chunks.extend(gaps)
+        rec.itl_chunks.extend(gaps)
         t.last_emit[ids] = ends[-1]
-        rec = self.recorder
-        first_step = rec.num_steps
-        rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, features, K,
-                    parts["draft"] if k else None)
-        done_mask = out >= target
-        if any_true(done_mask):
-            d_ids = ids[done_mask]
+        if done:
+            d_ids = ids[done]
             t.finish[d_ids] = ends[-1]
             t.finish_step[d_ids] = first_step + K - 1
-            self.free_blocks += int_sum(new_blocks[done_mask])
-            t.blocks[d_ids] = 0
-            self.running = ids[~done_mask]            # a run schedules every running request, in order
+            self.running = ids[[i for i in range(B) if i not in done]]   # a run schedules every running request, in order
             self.on_finish(d_ids)
 
     # ------------------------------------------------------------------ schedule
@@ -410,13 +467,20 @@ class Replica:
         run = self.running
         preempted = False
         decode_k = None
+        fast = None
         if len(run):
             rows = t.ints[run]
             computed, out = rows[:, COMPUTED], rows[:, OUT]
             need = rows[:, PROMPT] + out - computed          # known tokens not computed yet (>= 1)
+            n_decoding = need.tolist().count(1)
+            all_decoding = n_decoding == len(run)
+            k = self.spec.num_spec_tokens(len(run), int_sum(computed) / len(run)) if n_decoding else 0
+            if all_decoding:
+                fast = self._schedule_decodes(rows, k, budget)
+        if fast is not None:                                 # the usual step: every running request decodes
+            ids, new_tokens, num_spec, decode_k, budget = fast
+        elif len(run):
             decoding = need == 1
-            all_decoding = all_true(decoding)
-            k = self.spec.num_spec_tokens(len(run), int_sum(computed) / len(run)) if all_decoding or any_true(decoding) else 0
             spec = decoding * k
             if k:
                 need = need + spec
@@ -460,12 +524,45 @@ class Replica:
             adm_ids, adm_tokens = self._admit(budget)
             if adm_ids:
                 decode_k = None
+                new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
                 a_ids = np.array(adm_ids, dtype=np.int64)
                 self.running = np.concatenate([self.running, a_ids])
                 ids = np.concatenate([ids, a_ids])
                 new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
                 num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
         return ids, new_tokens, num_spec, decode_k
+
+    def _schedule_decodes(self, rows: np.ndarray, k: int, budget: int) -> tuple | None:
+        """_schedule's running loop when every running request decodes (`rows`: their counts) and
+        asks for 1 + k tokens, in plain Python for the few requests of a batch. Returns (ids, tokens
+        per request, drafts per request, decode_k, budget left), the numbers per request as one int
+        for all, or None when the step is not that simple (the budget is short or a request would be
+        preempted), for the general loop to handle. Changes nothing before it knows it succeeds."""
+        lim, run = self.limits, self.running
+        n = len(run)
+        sched = 1 + k
+        threshold = lim.long_prefill_token_threshold
+        if threshold > 0:
+            sched = min(sched, threshold)
+        total = n * sched
+        if total > budget:
+            return None
+        computed = rows[:, COMPUTED]
+        lookahead = self.spec.lookahead_tokens(k)
+        want = self._blocks[computed + sched + lookahead * (computed > 0) if lookahead else computed + sched].tolist()
+        held = rows[:, BLOCKS].tolist()
+        grow = 0
+        for w, h in zip(want, held):
+            if w > h:
+                grow += w - h
+        if grow > self.free_blocks:
+            return None
+        if grow:
+            self.free_blocks -= grow
+            self.table.blocks[run] = [w if w > h else h for w, h in zip(want, held)]
+        num_spec = k if threshold == 0 else min(k, max(sched - 1, 0))
+        decode_k = num_spec if min(rows[:, OUT].tolist()) > 0 else None
+        return run, sched, num_spec, decode_k, budget - total
 
     def _allocate_with_preemption(self, sched: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, bool]:
         """vLLM's running loop when blocks run out: preempt the last running request and retry."""
@@ -533,54 +630,63 @@ class Replica:
 
     # ------------------------------------------------------------------ update
     def _update(self, ids: np.ndarray, new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
+        """After a step: the scheduled requests computed `new_tokens` each; those whose known tokens
+        are all computed sample (A + 1 tokens after verifying num_spec drafts). Request by request in
+        plain Python (a batch is a handful of requests)."""
         t, now = self.table, self.env.now
-        rows = t.ints[ids]                                           # this batch's counts (a copy)
-        out = rows[:, OUT]
-        computed = rows[:, COMPUTED] + new_tokens
-        emits = computed >= rows[:, PROMPT] + out   # all known tokens computed: the step samples new tokens
-        accepted = np.zeros(len(ids), dtype=np.int64)
-        drafted = emits & (num_spec > 0)
-        if any_true(drafted):
-            accepted[drafted] = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng)
-            spec_drafted = num_spec * drafted
-            rows[:, DRAFTED] += spec_drafted
-            rows[:, ACCEPTED] += accepted
-            rows[:, SPEC_STEPS] += drafted
-            computed = computed - spec_drafted + accepted  # rejected drafts are rolled back
-        rows[:, COMPUTED] = computed
-        every = all_true(emits)                         # usual: decodes and whole prompts all emit
-        if every:
-            e_ids, e_out, target, e_accepted = ids, out, rows[:, TARGET], accepted
-        else:
-            e_ids = ids[emits]
-            if len(e_ids) == 0:
-                t.ints[ids] = rows
-                return
-            e_out, target, e_accepted = out[emits], rows[emits, TARGET], accepted[emits]
-        new_out = np.minimum(e_out + e_accepted + 1, target)
-        first = e_out == 0                              # before `out` (a view of rows) is overwritten
-        if every:
-            rows[:, OUT] = new_out
-            rows[:, CHUNKS] += 1
-        else:
-            rows[emits, OUT] = new_out
-            rows[:, CHUNKS] += emits
-        t.ints[ids] = rows
+        counts = t.ints[ids].tolist()                                # this batch's counts (a copy)
+        spec = num_spec.tolist()
+        emits: list[int] = []                                        # positions that sample tokens
+        drafted: list[int] = []                                      # ... after verifying drafts
+        for i, (r, n) in enumerate(zip(counts, new_tokens.tolist())):
+            c = r[COMPUTED] + n
+            r[COMPUTED] = c
+            if c >= r[PROMPT] + r[OUT]:                              # all known tokens computed
+                emits.append(i)
+                if spec[i] > 0:
+                    drafted.append(i)
+        accepted = [0] * len(counts)
+        if drafted:
+            sampled = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng).tolist()
+            for i, a in zip(drafted, sampled):
+                r = counts[i]
+                r[DRAFTED] += spec[i]
+                r[ACCEPTED] += a
+                r[SPEC_STEPS] += 1
+                r[COMPUTED] += a - spec[i]                           # rejected drafts are rolled back
+                accepted[i] = a
+        if not emits:
+            t.ints[ids] = counts
+            return
+        first: list[int] = []                                        # positions emitting their first token
+        later: list[int] = []
+        done: list[int] = []
+        for i in emits:
+            r = counts[i]
+            out = r[OUT]
+            (later if out else first).append(i)
+            out = min(out + accepted[i] + 1, r[TARGET])
+            r[OUT] = out
+            r[CHUNKS] += 1
+            if out >= r[TARGET]:
+                done.append(i)
+        freed = 0
+        for i in done:
+            freed += counts[i][BLOCKS]
+            counts[i][BLOCKS] = 0
+        t.ints[ids] = counts
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
-        any_first = any_true(first)
-        if any_first:
-            t.first_token[e_ids[first]] = now
-            t.first_token_step[e_ids[first]] = step
-        later = e_ids[~first] if any_first else e_ids
-        if len(later):
-            self.recorder.itl_chunks.append(now - t.last_emit[later])
-        t.last_emit[e_ids] = now
-        done = new_out >= target
-        if any_true(done):
-            d_ids = e_ids[done]
+        if first:
+            f_ids = ids[first]
+            t.first_token[f_ids] = now
+            t.first_token_step[f_ids] = step
+        if later:
+            self.recorder.itl_chunks.append(now - t.last_emit[ids if len(later) == len(ids) else ids[later]])
+        t.last_emit[ids if len(emits) == len(ids) else ids[emits]] = now
+        if done:
+            d_ids = ids[done]
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
-            self.free_blocks += int_sum(t.blocks[d_ids])
-            t.blocks[d_ids] = 0
+            self.free_blocks += freed
             self.running = self.running[np.isnan(t.finish[self.running])]
             self.on_finish(d_ids)

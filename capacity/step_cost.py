@@ -286,10 +286,11 @@ class StepCostModel:
         else:
             attn = m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)
             kv = m.kv_read_bytes(context_tokens)
+        # the batch is the same in every step: only attention varies (the rest is one value for all)
         return StepFeatures(
-            num_tokens=np.full(k, n), num_seqs=np.full(k, float(b)), num_sampled=np.full(k, n),
+            num_tokens=n, num_seqs=float(b), num_sampled=n,
             attn_flops=attn.sum(axis=1), kv_read_bytes=kv.sum(axis=1),
-            verify_seqs=np.full(k, float(b if tokens_per_seq > 1 else 0)))
+            verify_seqs=float(b if tokens_per_seq > 1 else 0))
 
     def routed_tokens(self, f: StepFeatures) -> np.ndarray | float:
         """Tokens that count for the distinct-expert term: each of the `verify_seqs` sequences'
