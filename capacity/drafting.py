@@ -623,7 +623,9 @@ class DraftCost:
         if key[0] > self._MEMO_MAX_SEQS:
             return self.time_s(float(key[0]), key[1], context_tokens_sum.astype(float), float(key[2]))
         size = min(self._MEMO_BLOCK_PER_SEQ * key[0], self._MEMO_MAX_BLOCK)    # C grows with B
-        lo, hi = int(context_tokens_sum.min()) // size, int(context_tokens_sum.max()) // size
+        few = context_tokens_sum.tolist() if len(context_tokens_sum) < 32 else None   # a few: plain Python
+        lo, hi = (min(few), max(few)) if few else (int(context_tokens_sum.min()), int(context_tokens_sum.max()))
+        lo, hi = lo // size, hi // size
         blocks = self._steps_memo.setdefault(key, {})
         for b in range(lo, hi + 1):
             if b not in blocks:

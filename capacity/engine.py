@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from itertools import chain
 from dataclasses import dataclass
 from typing import Callable
 
@@ -93,8 +94,8 @@ class StepRecorder:
     """What a replica records per step for metrics: ITL gaps and a few per-step series.
 
     Steps come one at a time or as runs of steps (arrays). They are kept as they come and joined
-    into the per-step series (numpy arrays) and the per-component totals when first read, a series
-    at a time (one numpy call per series, not per record: most records are a handful of steps).
+    into the per-step series (numpy arrays) and the per-component totals when read, each series on
+    its own and with one numpy call, not one per record (most records are a handful of steps).
     Totals add up in step order, as if each step had been recorded on arrival.
     """
 
@@ -117,6 +118,8 @@ class StepRecorder:
         self._parts: dict[str, float] = {}
         self._busy_s = 0.0
         self._copies: dict[tuple[float, int], float] = {}   # the sum of k copies of a constant part
+        self._done: dict[str, int] = {}                  # records joined into each series so far
+        self._parts_done = 0                             # ... and into the totals
 
     def add_run(self, ends: np.ndarray, durations: np.ndarray, running: int, kv_used: float,
                 parts: dict[str, np.ndarray | float], features: StepFeatures, k: int,
@@ -148,12 +151,13 @@ class StepRecorder:
         self._features.append(features)
         self._parts_in.append((cost.parts_s, dt))
 
-    def _join(self) -> None:
-        counts = self._counts
-        if not counts:
+    def _join_parts(self) -> None:
+        """Add the records not yet counted to the totals by component (in step order)."""
+        start = self._parts_done
+        if start == len(self._counts):
             return
         parts, copies, busy_s = self._parts, self._copies, self._busy_s
-        for (step_parts, durations), k in zip(self._parts_in, counts):
+        for (step_parts, durations), k in zip(self._parts_in[start:], self._counts[start:]):
             if type(durations) is not np.ndarray:       # one step
                 busy_s += durations
                 for key, v in step_parts.items():
@@ -169,20 +173,28 @@ class StepRecorder:
                         total = copies[(v, k)] = float(_add_reduce(np.full(k, v)))
                 parts[key] = parts.get(key, 0.0) + total
         self._busy_s = busy_s
-        columns = list(zip(*(f.as_tuple() for f in self._features)))
-        new = {"t": _column(self._t, counts), "draft_s": _column(self._draft, counts),
-               "batch_tokens": _column(self._tokens, counts).astype(int),
-               "features": np.column_stack([_column(c, counts) for c in columns])}
-        for name, values in (("waiting", self._waiting), ("running", self._running), ("kv_used", self._kv)):
-            new[name] = np.repeat(np.asarray(values), counts)          # one value per record
-        for name, values in new.items():
-            self._series[name] = [np.concatenate(self._series[name] + [values])]
-        for pending in (self._counts, self._t, self._waiting, self._running, self._kv, self._tokens, self._draft,
-                        self._features, self._parts_in):
-            pending.clear()
+        self._parts_done = len(self._counts)
 
     def _joined(self, name: str) -> np.ndarray:
-        self._join()
+        """One series, joining the records added since it was last read (each series on its own:
+        a simulation's summary reads only a few of them)."""
+        start, end = self._done.get(name, 0), len(self._counts)
+        if start < end:
+            def new(records: list) -> list:
+                return records if start == 0 else records[start:]
+            counts = new(self._counts)
+            if name == "features":
+                columns = zip(*(f.as_tuple() for f in new(self._features)))
+                values = np.column_stack([_column(c, counts) for c in columns])
+            elif name == "batch_tokens":
+                values = _column(new(self._tokens), counts).astype(int)
+            elif name in ("t", "draft_s"):
+                values = _column(new(self._t if name == "t" else self._draft), counts)
+            else:                                        # one value per record
+                records = {"waiting": self._waiting, "running": self._running, "kv_used": self._kv}[name]
+                values = np.repeat(np.asarray(new(records)), counts)
+            self._series[name] = [np.concatenate(self._series[name] + [values])]
+            self._done[name] = end
         chunks = self._series[name]
         return chunks[0] if chunks else (np.zeros((0, NUM_FEATURES)) if name == "features" else np.zeros(0))
 
@@ -219,12 +231,12 @@ class StepRecorder:
     @property
     def parts(self) -> dict[str, float]:
         """Seconds by component, summed over the steps."""
-        self._join()
+        self._join_parts()
         return self._parts
 
     @property
     def busy_s(self) -> float:
-        self._join()
+        self._join_parts()
         return self._busy_s
 
 
@@ -266,6 +278,11 @@ def _column(values: list | tuple, counts: list[int]) -> np.ndarray:
     return np.concatenate(pieces, dtype=float)
 
 
+def _int_rows(rows: list[list[int]]) -> np.ndarray:
+    """Rows of RequestTable.ints from lists (np.fromiter: faster than converting nested lists)."""
+    return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * 9).reshape(len(rows), 9)
+
+
 def _per_request(x: np.ndarray | int, n: int) -> np.ndarray:
     """Tokens per scheduled request: an array, or one whole number for all n."""
     return np.full(n, x, dtype=np.int64) if type(x) is int else x
@@ -292,6 +309,7 @@ class Replica:
         self.limits = limits
         self.kv_blocks_for = kv_blocks_for
         self._blocks = TokenTable(kv_blocks_for)   # kv_blocks_for, exact, without numpy's per-call cost
+        self._blocks_list: list[int] = []          # the same values as a list, for a few requests at a time
         self.on_finish = on_finish
         self.rng = rng
         self.spec = speculation or NoSpeculation()
@@ -362,9 +380,10 @@ class Replica:
         t, env = self.table, self.env
         B = len(ids)
         rows = t.ints[ids]                                           # this batch's counts (a copy)
-        c0, o0, held, target = rows[:, COMPUTED], rows[:, OUT], rows[:, BLOCKS], rows[:, TARGET]
-        remaining = target - o0
-        K = min(self.max_run_steps, int_min(remaining))
+        counts = rows.tolist()
+        c0, held = rows[:, COMPUTED], rows[:, BLOCKS]
+        remaining = rows[:, TARGET] - rows[:, OUT]
+        K = min(self.max_run_steps, min([r[TARGET] - r[OUT] for r in counts]))
         if k:
             accepted = self.spec.sample_steps(ids, k, K, self.rng)
             emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
@@ -376,8 +395,8 @@ class Replica:
             emitted = np.arange(1, K + 1)[:, None]
             ctx = c0 + emitted
         look = self.spec.lookahead_tokens(k)
-        last_blocks = self._blocks[ctx[-1] + look]
-        if K > 1 and int_sum(np.maximum(last_blocks - held, 0)) > self.free_blocks:
+        last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
+        if K > 1 and sum([b - r[BLOCKS] for b, r in zip(last_blocks, counts) if b > r[BLOCKS]]) > self.free_blocks:
             # blocks needed grow step by step: stop before the first step that would preempt
             need = np.maximum(self._blocks[ctx[1:] + look] - held, 0).sum(axis=1)
             K = 1 + int(np.argmin(need <= self.free_blocks))
@@ -401,7 +420,7 @@ class Replica:
         try:
             yield env.timeout(ends[-1] - start)
         except simpy.Interrupt:
-            done = int(np.searchsorted(ends, env.now, side="right"))
+            done = int(ends.searchsorted(env.now, side="right"))
             if done + 1 < K:                                         # finish the step in progress
                 K = done + 1
                 emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
@@ -414,13 +433,12 @@ class Replica:
         # apply K steps, request by request in plain Python (a handful of integers each: numpy's
         # per-call cost would dwarf the additions)
         if last_blocks is None:
-            last_blocks = self._blocks[ctx[-1] + look]
-        counts = rows.tolist()
+            last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
         emitted_l = emitted[-1].tolist() if k else [K] * B            # tokens out per request
         accepted_l = _add_reduce(accepted, 0).tolist() if k else None
         grown = 0
         done: list[int] = []                                         # positions in the batch
-        for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks.tolist())):
+        for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks)):
             if b > r[BLOCKS]:
                 grown += b - r[BLOCKS]
                 r[BLOCKS] = b
@@ -444,7 +462,7 @@ class Replica:
             for i in done:                                           # finished requests free their blocks
                 self.free_blocks += counts[i][BLOCKS]
                 counts[i][BLOCKS] = 0
-        t.ints[ids] = counts
+        t.ints[ids] = _int_rows(counts)
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
             gaps.append(durations[1:].repeat(B))
@@ -470,16 +488,18 @@ class Replica:
         fast = None
         if len(run):
             rows = t.ints[run]
-            computed, out = rows[:, COMPUTED], rows[:, OUT]
-            need = rows[:, PROMPT] + out - computed          # known tokens not computed yet (>= 1)
-            n_decoding = need.tolist().count(1)
-            all_decoding = n_decoding == len(run)
-            k = self.spec.num_spec_tokens(len(run), int_sum(computed) / len(run)) if n_decoding else 0
-            if all_decoding:
-                fast = self._schedule_decodes(rows, k, budget)
+            counts = rows.tolist()
+            # known tokens not computed yet (>= 1): 1 for a decoding request
+            n_decoding = [r[PROMPT] + r[OUT] - r[COMPUTED] for r in counts].count(1)
+            k = self.spec.num_spec_tokens(len(run), sum([r[COMPUTED] for r in counts]) / len(run)) if n_decoding else 0
+            if n_decoding == len(run):
+                fast = self._schedule_decodes(counts, k, budget)
         if fast is not None:                                 # the usual step: every running request decodes
             ids, new_tokens, num_spec, decode_k, budget = fast
         elif len(run):
+            computed, out = rows[:, COMPUTED], rows[:, OUT]
+            need = rows[:, PROMPT] + out - computed
+            all_decoding = n_decoding == len(run)
             decoding = need == 1
             spec = decoding * k
             if k:
@@ -532,8 +552,8 @@ class Replica:
                 num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
         return ids, new_tokens, num_spec, decode_k
 
-    def _schedule_decodes(self, rows: np.ndarray, k: int, budget: int) -> tuple | None:
-        """_schedule's running loop when every running request decodes (`rows`: their counts) and
+    def _schedule_decodes(self, counts: list[list[int]], k: int, budget: int) -> tuple | None:
+        """_schedule's running loop when every running request decodes (`counts`: their rows) and
         asks for 1 + k tokens, in plain Python for the few requests of a batch. Returns (ids, tokens
         per request, drafts per request, decode_k, budget left), the numbers per request as one int
         for all, or None when the step is not that simple (the budget is short or a request would be
@@ -547,10 +567,15 @@ class Replica:
         total = n * sched
         if total > budget:
             return None
-        computed = rows[:, COMPUTED]
         lookahead = self.spec.lookahead_tokens(k)
-        want = self._blocks[computed + sched + lookahead * (computed > 0) if lookahead else computed + sched].tolist()
-        held = rows[:, BLOCKS].tolist()
+        computed = [r[COMPUTED] for r in counts]
+        if lookahead and min(computed) > 0:
+            want = self._kv_blocks(computed, sched + lookahead)
+        elif lookahead:
+            want = self._kv_blocks([c + lookahead if c > 0 else c for c in computed], sched)
+        else:
+            want = self._kv_blocks(computed, sched)
+        held = [r[BLOCKS] for r in counts]
         grow = 0
         for w, h in zip(want, held):
             if w > h:
@@ -561,8 +586,18 @@ class Replica:
             self.free_blocks -= grow
             self.table.blocks[run] = [w if w > h else h for w, h in zip(want, held)]
         num_spec = k if threshold == 0 else min(k, max(sched - 1, 0))
-        decode_k = num_spec if min(rows[:, OUT].tolist()) > 0 else None
+        decode_k = num_spec if min([r[OUT] for r in counts]) > 0 else None
         return run, sched, num_spec, decode_k, budget - total
+
+    def _kv_blocks(self, tokens: list[int], extra: int = 0) -> list[int]:
+        """KV blocks held at each token count + extra (self._blocks, exact), in plain Python."""
+        table = self._blocks_list
+        try:
+            return [table[c + extra] for c in tokens]
+        except IndexError:
+            self._blocks[max(tokens) + extra]                       # grows the TokenTable
+            table = self._blocks_list = self._blocks.values.tolist()
+            return [table[c + extra] for c in tokens]
 
     def _allocate_with_preemption(self, sched: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, bool]:
         """vLLM's running loop when blocks run out: preempt the last running request and retry."""
@@ -647,7 +682,8 @@ class Replica:
                     drafted.append(i)
         accepted = [0] * len(counts)
         if drafted:
-            sampled = self.spec.sample_accepted(ids[drafted], num_spec[drafted], self.rng).tolist()
+            d_ids, d_spec = (ids, num_spec) if len(drafted) == len(ids) else (ids[drafted], num_spec[drafted])
+            sampled = self.spec.sample_accepted(d_ids, d_spec, self.rng).tolist()
             for i, a in zip(drafted, sampled):
                 r = counts[i]
                 r[DRAFTED] += spec[i]
@@ -656,7 +692,7 @@ class Replica:
                 r[COMPUTED] += a - spec[i]                           # rejected drafts are rolled back
                 accepted[i] = a
         if not emits:
-            t.ints[ids] = counts
+            t.ints[ids] = _int_rows(counts)
             return
         first: list[int] = []                                        # positions emitting their first token
         later: list[int] = []
@@ -674,7 +710,7 @@ class Replica:
         for i in done:
             freed += counts[i][BLOCKS]
             counts[i][BLOCKS] = 0
-        t.ints[ids] = counts
+        t.ints[ids] = _int_rows(counts)
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
         if first:
             f_ids = ids[first]
