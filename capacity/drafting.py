@@ -426,6 +426,8 @@ class DraftCost:
         extra = float(m.cost.get("extra_first_pass_tokens_per_seq", 0))
         self._extra_first_pass_tokens = int(extra) if extra.is_integer() else extra
         self._queries_per_seq_offset = float(m.cost.get("queries_per_seq_offset", 0))
+        # (shared by simulate.deploy between DraftCosts with equal inputs: keys and values must depend
+        # on the inputs only)
         self._steps_memo: dict[tuple[int, float, int], dict[int, np.ndarray]] = {}
         self._linear_memo: dict[tuple[int, float, float, float], float] = {}
 
@@ -534,7 +536,7 @@ class DraftCost:
             c = np.maximum(c, q)
             if c.dtype.kind in "iu" and (isinstance(q, int) or q.dtype.kind in "iu"):
                 tables = piece.cost.tables
-                return float(tables.flops(q, c).sum()), float(tables.kv[c].sum())
+                return float(np.add.reduce(tables.flops(q, c))), float(np.add.reduce(tables.kv[c]))   # .sum(), unwrapped
             q, c = np.broadcast_to(q, c.shape).astype(float), c.astype(float)
             return float(arch.attention_flops(q, c).sum()), float(arch.kv_read_bytes(c).sum())
         q = np.asarray(queries, dtype=float)

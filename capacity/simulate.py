@@ -9,6 +9,7 @@ statistics.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         from capacity.drafting import build_speculation
 
         speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp)
+        _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
     usable = gpu.hbm_capacity_gb * 1e9 * e.gpu_memory_utilization
@@ -84,8 +86,98 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill)
     memory["kv_cache_tokens"] = num_blocks * e.block_size
-    cost = StepCostModel(gpu, model, tp)
+    cost = _shared(StepCostModel(gpu, model, tp))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
+
+
+# --------------------------------------------------------------------------------------------------
+# Exact price memos shared by simulations of the same deployment (a sweep runs many)
+# --------------------------------------------------------------------------------------------------
+
+_SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
+_SHARED_MAX = 32
+_DERIVED = frozenset({"tables", "_steps_memo", "_linear_memo"})   # caches, not inputs
+
+
+class _Unfit(Exception):
+    """An attribute the fingerprint cannot vouch for (a function, a handle): do not share."""
+
+
+def _fingerprint(obj: Any) -> str | None:
+    """Every input of a pricing object as text: numbers (repr, exact), strings, containers, and
+    the attributes of nested objects, skipping the caches derived from them (_DERIVED). Two objects
+    with the same fingerprint price every step alike (the pricing code is the same in a process).
+    None when an attribute is not plain data."""
+    out: list[str] = []
+    seen: dict[int, int] = {}
+
+    def walk(x: Any, depth: int) -> None:
+        if x is None or isinstance(x, (bool, int, float, str, np.integer, np.floating)):
+            out.append(f"{type(x).__name__}:{x!r}")
+        elif depth > 8:
+            raise _Unfit
+        elif isinstance(x, np.ndarray):
+            out.append(f"array{x.dtype.str}{x.shape}:{x.tobytes().hex()}")
+        elif isinstance(x, (list, tuple, frozenset, set)):
+            out.append(type(x).__name__ + "[")
+            for v in (sorted(x, key=repr) if isinstance(x, (set, frozenset)) else x):
+                walk(v, depth + 1)
+            out.append("]")
+        elif isinstance(x, dict):
+            out.append("{")
+            for k, v in x.items():
+                walk(k, depth + 1)
+                walk(v, depth + 1)
+            out.append("}")
+        elif hasattr(x, "__dict__") and not callable(x):
+            if id(x) in seen:                       # the same object again (a GPU profile in every piece)
+                out.append(f"@{seen[id(x)]}")
+                return
+            seen[id(x)] = len(seen)
+            out.append(type(x).__module__ + "." + type(x).__qualname__ + "(")
+            for k, v in vars(x).items():
+                if k not in _DERIVED:
+                    out.append(k)
+                    walk(v, depth + 1)
+            out.append(")")
+        else:
+            raise _Unfit
+
+    try:
+        walk(obj, 0)
+    except _Unfit:
+        return None
+    return "\x1f".join(out)
+
+
+def _remember(key: str, value: Any) -> Any:
+    """The value shared under key (the given one when new), least recently used evicted."""
+    shared = _SHARED.get(key)
+    if shared is None:
+        shared = _SHARED[key] = value
+        if len(_SHARED) > _SHARED_MAX:
+            _SHARED.popitem(last=False)
+    else:
+        _SHARED.move_to_end(key)
+    return shared
+
+
+def _shared(cost: StepCostModel) -> StepCostModel:
+    """An equal StepCostModel already built (its attention tables already filled), else this one."""
+    key = _fingerprint(cost)
+    return cost if key is None else _remember("cost\x1e" + key, cost)
+
+
+def _share_draft_memo(speculation: Speculation) -> None:
+    """Let the drafter's `steps_time_s` memo (per (batch, tokens, drafts) and block of context sums,
+    filled at about 0.5 ms a block) carry over between simulations of equal DraftCosts. Its keys and
+    values depend only on the DraftCost's inputs, so a shared block holds the same bits."""
+    cost = getattr(speculation, "draft_cost", None)
+    if cost is None or not isinstance(getattr(cost, "_steps_memo", None), dict):
+        return
+    key = _fingerprint(cost)
+    if key is not None:
+        cost._steps_memo = _remember("draft\x1e" + key, cost._steps_memo)
 
 
 class Cluster:

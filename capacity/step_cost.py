@@ -100,6 +100,8 @@ def fast_maximum(a, b):
 
 _FEW = 32   # below this many values, plain Python beats a numpy reduction call
 
+_add_reduce = np.add.reduce   # what ndarray.sum() calls, without its Python wrapper (the same sums)
+
 
 def int_sum(a: np.ndarray) -> int:
     """int(a.sum()) of a 1-D integer array: plain Python for a few values (numpy's per-call cost
@@ -270,8 +272,8 @@ class StepCostModel:
             num_tokens=float(int_sum(new_tokens) if whole else new_tokens.sum()),
             num_seqs=float(n),
             num_sampled=float(n if num_sampled is None else num_sampled),
-            attn_flops=float(attn.sum()) if n else 0.0,
-            kv_read_bytes=float(kv.sum()) if n else 0.0,
+            attn_flops=float(_add_reduce(attn)) if n else 0.0,
+            kv_read_bytes=float(_add_reduce(kv)) if n else 0.0,
             verify_seqs=float(int_sum(np.asarray(num_spec) > 0)) if num_spec is not None else 0.0,
         )
 
@@ -289,7 +291,7 @@ class StepCostModel:
         # the batch is the same in every step: only attention varies (the rest is one value for all)
         return StepFeatures(
             num_tokens=n, num_seqs=float(b), num_sampled=n,
-            attn_flops=attn.sum(axis=1), kv_read_bytes=kv.sum(axis=1),
+            attn_flops=_add_reduce(attn, 1), kv_read_bytes=_add_reduce(kv, 1),
             verify_seqs=float(b if tokens_per_seq > 1 else 0))
 
     def routed_tokens(self, f: StepFeatures) -> np.ndarray | float:
