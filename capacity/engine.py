@@ -387,7 +387,7 @@ class Replica:
         if k:
             accepted = self.spec.sample_steps(ids, k, K, self.rng)
             emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
-            steps_before_finish = (emitted < remaining).sum(axis=0)  # per request
+            steps_before_finish = _add_reduce(emitted < remaining, 0)  # per request
             K = min(K, int_min(steps_before_finish) + 1)
             accepted, emitted = accepted[:K], emitted[:K]
             ctx = c0 + emitted - accepted + k                        # context at the end of step j
@@ -544,12 +544,19 @@ class Replica:
             adm_ids, adm_tokens = self._admit(budget)
             if adm_ids:
                 decode_k = None
-                new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
-                a_ids = np.array(adm_ids, dtype=np.int64)
-                self.running = np.concatenate([self.running, a_ids])
-                ids = np.concatenate([ids, a_ids])
-                new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
-                num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
+                n = len(ids)
+                if type(new_tokens) is int:                  # one number for all running requests
+                    new_tokens = np.array([new_tokens] * n + adm_tokens, dtype=np.int64)
+                    num_spec = np.array([num_spec] * n + [0] * len(adm_ids), dtype=np.int64)
+                else:
+                    new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
+                    num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
+                if ids is self.running:                      # every running request was scheduled
+                    ids = self.running = np.array(ids.tolist() + adm_ids, dtype=np.int64)
+                else:
+                    a_ids = np.array(adm_ids, dtype=np.int64)
+                    self.running = np.concatenate([self.running, a_ids])
+                    ids = np.concatenate([ids, a_ids])
         return ids, new_tokens, num_spec, decode_k
 
     def _schedule_decodes(self, counts: list[list[int]], k: int, budget: int) -> tuple | None:

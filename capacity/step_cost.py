@@ -182,13 +182,20 @@ class AttentionTables:
             return self.arch.attention_flops(new_tokens, context_tokens)
         out = np.empty(len(new_tokens))
         rest = []
+        whole: tuple[list[int], list[int]] = ([], [])                 # (positions, contexts)
+        chunks: dict[int, tuple[list[int], list[int]]] = {}          # per chunk width q
         for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
-            if q == c >= 0:
-                out[i] = self._whole[c]
-            elif 0 <= q <= self.MAX_CHUNK and c >= q:
-                out[i] = self.chunk(q)[c]
-            else:
+            group = whole if q == c >= 0 else chunks.setdefault(q, ([], [])) if 0 <= q <= self.MAX_CHUNK and c >= q \
+                else None
+            if group is None:
                 rest.append(i)   # a prompt chunk, or not valid (the function says why)
+            else:
+                group[0].append(i)
+                group[1].append(c)
+        if whole[0]:                                                 # one look-up per table, not per sequence
+            out[whole[0]] = self._whole[whole[1]]
+        for q, (positions, contexts) in chunks.items():
+            out[positions] = self.chunk(q)[contexts]
         if rest:
             out[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
         return out
