@@ -406,8 +406,12 @@ class Replica:
                 accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
-        step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
-                            features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
+        if all(type(x) is float for x in (features.num_tokens, features.num_seqs, features.num_sampled,
+                                          features.verify_seqs)):
+            step = features                                          # one value for all steps already
+        else:
+            step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
+                                features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
         parts = self.cost.time_parts(step)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, _add_reduce(ctx, 1), k)
