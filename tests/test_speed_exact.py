@@ -1,0 +1,81 @@
+"""The simulator's speed shortcuts give the same bits as the plain computation they replace."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capacity import scenario, simulate
+from capacity.engine import StepRecorder, _float_sum
+from capacity.step_cost import StepFeatures, StepTime
+
+
+@pytest.mark.parametrize("k", list(range(1, 20)) + [64, 200])
+def test_float_sum_is_numpys_sum(k: int) -> None:
+    """Short runs are summed in plain Python: the same bits as ndarray.sum() (widely spread values,
+    so that a different order of additions would show in the last bits)."""
+    rng = np.random.default_rng(k)
+    for _ in range(200):
+        x = rng.standard_normal(k + 3) * 10.0 ** rng.integers(-6, 9, k + 3)
+        assert _float_sum(x, k) == float(x[:k].sum())
+
+
+def test_recorder_series_are_the_steps_in_order() -> None:
+    """Steps and runs (arrays or one value for all steps, arrays longer than the run) give the
+    per-step series written out step by step, and totals summed step by step per record."""
+    rec = StepRecorder()
+    f1 = StepFeatures(10.0, 2.0, 2.0, 5.0, 7.0, 0.0)
+    rec.add_step(0.5, 0.5, 3, 2, 0.25, 10, StepTime({"dense_gemm": 0.3, "overhead": 0.2}), f1)
+    run = StepFeatures(8.0, 2.0, 8.0, np.array([1.0, 2.0, 3.0, 99.0]), np.array([4.0, 5.0, 6.0, 99.0]), 2.0)
+    parts = {"dense_gemm": 0.1, "attention": np.array([0.01, 0.02, 0.03, 9.0]), "draft": np.array([0.4, 0.5, 0.6, 9.0])}
+    ends = np.array([1.0, 1.5, 2.25])
+    rec.add_run(ends, np.array([0.5, 0.5, 0.75]), 2, 0.5, parts, run, 3, parts["draft"])
+    assert rec.num_steps == 4
+    np.testing.assert_array_equal(rec.t, [0.5, 1.0, 1.5, 2.25])
+    np.testing.assert_array_equal(rec.waiting, [3, 0, 0, 0])
+    np.testing.assert_array_equal(rec.running, [2, 2, 2, 2])
+    np.testing.assert_array_equal(rec.kv_used, [0.25, 0.5, 0.5, 0.5])
+    np.testing.assert_array_equal(rec.batch_tokens, [10, 8, 8, 8])
+    np.testing.assert_array_equal(rec.draft_s, [0.0, 0.4, 0.5, 0.6])
+    np.testing.assert_array_equal(rec.features, [[10, 2, 2, 5, 7, 0], [8, 2, 8, 1, 4, 2], [8, 2, 8, 2, 5, 2],
+                                                 [8, 2, 8, 3, 6, 2]])
+    assert rec.parts == {"dense_gemm": 0.3 + ((0.1 + 0.1) + 0.1), "overhead": 0.2,
+                         "attention": (0.01 + 0.02) + 0.03, "draft": (0.4 + 0.5) + 0.6}
+    assert rec.busy_s == 0.5 + ((0.5 + 0.5) + 0.75)
+    # a step added after reading joins the series read before
+    rec.add_step(3.0, 0.75, 0, 1, 0.1, 4, StepTime({"overhead": 0.75}), StepFeatures(4.0, 1.0, 1.0, 1.0, 1.0, 0.0))
+    np.testing.assert_array_equal(rec.t, [0.5, 1.0, 1.5, 2.25, 3.0])
+    assert rec.features.shape == (5, 6)
+    assert rec.parts["overhead"] == 0.2 + 0.75
+
+
+def _small() -> scenario.Scenario:
+    return scenario.load(None, ["traffic.num_requests=80"])
+
+
+def test_runs_sharing_price_memos_match_runs_that_do_not(monkeypatch) -> None:
+    """Simulations of one deployment share the drafter's and the target's exact price memos; with the
+    sharing switched off (a fresh memo per run) every output is the same."""
+    simulate._SHARED.clear()
+    first = simulate.run(_small())
+    second = simulate.run(_small())                       # reuses the memos filled by the first
+    assert second.deployed.cost is first.deployed.cost
+    assert second.deployed.speculation.draft_cost._steps_memo is first.deployed.speculation.draft_cost._steps_memo
+    monkeypatch.setattr(simulate, "_SHARED_MAX", 0)      # every run keeps its own memos
+    simulate._SHARED.clear()
+    alone = simulate.run(_small())
+    assert alone.deployed.cost is not first.deployed.cost
+    for res in (second, alone):
+        assert res.metrics == first.metrics
+        assert res.step_breakdown_s == first.step_breakdown_s
+        np.testing.assert_array_equal(res.cluster.replicas[0].recorder.features, first.cluster.replicas[0].recorder.features)
+
+
+def test_a_different_deployment_does_not_share() -> None:
+    """One efficiency changed: another fingerprint, so other memos (and other step times)."""
+    simulate._SHARED.clear()
+    base = simulate.run(_small())
+    other = simulate.run(scenario.load(None, ["traffic.num_requests=80", "deployment.gpu_overrides={efficiency: {hbm: 0.5}}"]))
+    assert other.deployed.cost is not base.deployed.cost
+    assert other.deployed.speculation.draft_cost._steps_memo is not base.deployed.speculation.draft_cost._steps_memo
+    assert other.metrics["duration_s"] != base.metrics["duration_s"]
