@@ -95,7 +95,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
 # --------------------------------------------------------------------------------------------------
 
 _SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
-_SHARED_MAX = 32
+_SHARED_MAX = 16   # entries kept: two per deployment (its StepCostModel; its drafter memo, 2-8 MB)
 _DERIVED = frozenset({"tables", "_steps_memo", "_linear_memo"})   # caches, not inputs
 
 

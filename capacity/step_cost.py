@@ -185,13 +185,15 @@ class AttentionTables:
         whole: tuple[list[int], list[int]] = ([], [])                 # (positions, contexts)
         chunks: dict[int, tuple[list[int], list[int]]] = {}          # per chunk width q
         for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
-            group = whole if q == c >= 0 else chunks.setdefault(q, ([], [])) if 0 <= q <= self.MAX_CHUNK and c >= q \
-                else None
-            if group is None:
-                rest.append(i)   # a prompt chunk, or not valid (the function says why)
+            if q == c >= 0:
+                group = whole
+            elif 0 <= q <= self.MAX_CHUNK and c >= q:
+                group = chunks.setdefault(q, ([], []))
             else:
-                group[0].append(i)
-                group[1].append(c)
+                rest.append(i)   # a prompt chunk, or not valid (the function says why)
+                continue
+            group[0].append(i)
+            group[1].append(c)
         if whole[0]:                                                 # one look-up per table, not per sequence
             out[whole[0]] = self._whole[whole[1]]
         for q, (positions, contexts) in chunks.items():
