@@ -8,6 +8,7 @@ statistics.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -97,6 +98,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
 _SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
 _SHARED_MAX = 16   # entries kept: two per deployment (its StepCostModel; its drafter memo, 2-8 MB)
 _DERIVED = frozenset({"tables", "_steps_memo", "_linear_memo"})   # caches, not inputs
+_SHARED_LOCK = threading.Lock()                     # a sweep may simulate in threads
 
 
 class _Unfit(Exception):
@@ -152,14 +154,15 @@ def _fingerprint(obj: Any) -> str | None:
 
 def _remember(key: str, value: Any) -> Any:
     """The value shared under key (the given one when new), least recently used evicted."""
-    shared = _SHARED.get(key)
-    if shared is None:
-        shared = _SHARED[key] = value
-        if len(_SHARED) > _SHARED_MAX:
-            _SHARED.popitem(last=False)
-    else:
-        _SHARED.move_to_end(key)
-    return shared
+    with _SHARED_LOCK:
+        shared = _SHARED.get(key)
+        if shared is None:
+            shared = _SHARED[key] = value
+            if len(_SHARED) > _SHARED_MAX:
+                _SHARED.popitem(last=False)
+        else:
+            _SHARED.move_to_end(key)
+        return shared
 
 
 def _shared(cost: StepCostModel) -> StepCostModel:
