@@ -57,7 +57,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     if speculation is None:
         from capacity.drafting import build_speculation
 
-        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp)
+        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
     usable = gpu.hbm_capacity_gb * 1e9 * e.gpu_memory_utilization
@@ -84,7 +84,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill)
     memory["kv_cache_tokens"] = num_blocks * e.block_size
-    cost = StepCostModel(gpu, model, tp)
+    cost = StepCostModel(gpu, model, tp, model_runner=e.model_runner)
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
 
 
