@@ -774,7 +774,8 @@ def resolve_draft(method: DraftMethod, target: ModelArch, draft: str | None) -> 
     return load_model(name, kv_dtype=target.kv_dtype)
 
 
-def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int) -> Speculation:
+def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int,
+                      model_runner: str = "v1") -> Speculation:
     """The engine's Speculation for a scenario's `speculative` section
     {method, num_speculative_tokens, draft, acceptance, policy[, overrides]}.
 
@@ -811,6 +812,6 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     if acc_dict.get("temperature") is not None:
         kwargs["temperature"] = float(acc_dict["temperature"])
     acceptance = acceptance_from_config(acc_cfg, method=method.name, target=target.name, **kwargs)
-    policy = policy_from_config(policy_cfg, n, target_cost=StepCostModel(gpu, target, tp), draft_cost=draft_cost,
+    policy = policy_from_config(policy_cfg, n, target_cost=StepCostModel(gpu, target, tp, model_runner=model_runner), draft_cost=draft_cost,
                                 acceptance=acceptance)
     return SpeculativeDecoding(method, draft_cost, acceptance, policy, policy.max_num_spec_tokens)

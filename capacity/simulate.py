@@ -59,7 +59,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     if speculation is None:
         from capacity.drafting import build_speculation
 
-        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp)
+        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner)
         _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
@@ -87,7 +87,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill)
     memory["kv_cache_tokens"] = num_blocks * e.block_size
-    cost = _shared(StepCostModel(gpu, model, tp))
+    cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
 
 

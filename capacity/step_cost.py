@@ -27,6 +27,15 @@ decode or prefill step is priced as before):
   the fitted HBM efficiency of the baseline already carries; verification stores N more per
   sequence, written in [128 x 8] fp32 tiles, i.e. 32-byte row segments
   (`STATE_SNAPSHOT_WRITE_EFFICIENCY`).
+* Host work per verifying sequence (`spec_seq_overhead_us` of the hardware profile, part of
+  "overhead"). With vLLM's V1 model runner a speculative step does per-request CPU work that a
+  plain decode step overlaps with the forward pass (draft-token bookkeeping, rejection-sampler
+  output parsing, drafter input preparation; vllm PR #23569's full CPU/GPU overlap did not cover
+  speculative decoding). Fitted per GPU on the seed article's rows (docs/seed_validation.md §12):
+  the intercept of a speculative step's cost is then ~0.4–0.6 ms per sequence on every V1-runner
+  MI300X target whatever its size, TP or drafter. The V2 model runner (vllm PR #25266) prepares
+  inputs and counts accepted drafts with GPU kernels (e.g. PR #30029), and its runs show no such
+  intercept, so `model_runner="v2"` does not charge it.
 """
 
 from __future__ import annotations
@@ -247,12 +256,17 @@ class StepCostModel:
 
     def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1,
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
-                 state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY):
+                 state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
+                 model_runner: str = "v1"):
         self.gpu = gpu
         self.model = model
         self.tp = int(tensor_parallel_size)
         self.verify_routing_exponent = float(verify_routing_exponent)
         self.state_snapshot_write_efficiency = float(state_snapshot_write_efficiency)
+        # The profile's spec_seq_overhead_us is host work of vLLM's V1 model runner; the V2 runner
+        # does that bookkeeping on the GPU (module docstring), so it is not charged there.
+        self.model_runner = model_runner
+        self.spec_host_scale = 0.0 if model_runner == "v2" else 1.0
         self.efficiency = dict(gpu.efficiency)
         self._peak_dense = gpu.peak_tflops(model.dense_weight_dtype) * 1e12
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
@@ -354,7 +368,9 @@ class StepCostModel:
         if with_overhead:
             parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
                                  + eff["layer_overhead_us"] * 1e-6 * m.num_layers
-                                 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs))
+                                 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
+                                 + eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6
+                                 * _float_or_array(f.verify_seqs))
         return parts
 
     def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,

@@ -46,6 +46,7 @@ import pandas as pd
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.step_cost import NUM_FEATURES
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
                  "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
@@ -78,7 +79,13 @@ MIN_PROMPTS = 64
 MAX_PROMPTS = 1024           # the z-lab/dflash client's default --num-prompts (inferred client)
 QUICK_PROMPTS_PER_USER = 4
 FITTED_PARAMETER = "draft_pass_overhead_us"
-FIT_BOUNDS_US = (0.0, 20000.0)
+# A draft pass's fixed cost (launches, metadata, sampling) is bounded by what a whole target forward's
+# fixed cost is on these GPUs (MI300X `step_overhead_ms` fitted 1.8 ms): [0, 2 ms]. Wider bounds let
+# the per-pass term absorb the per-sequence host cost below (fits of up to 20 ms per DFlash pass,
+# docs/seed_validation.md section 3), which then mispredicts single-user runs.
+FIT_BOUNDS_US = (0.0, 2000.0)
+SEQ_KEY = "spec_seq_overhead_us"     # per-GPU host time per verifying sequence per step (hardware profile)
+SEQ_BOUNDS_US = (0.0, 5000.0)
 PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
               "mxfp8": "mxfp8", "nvfp4": "fp4"}
 
@@ -177,6 +184,7 @@ class Deployment:
     precision: str | None
     max_num_batched_tokens: int | None
     max_model_len: int | None
+    model_runner: str = "v1"
     gpu_overrides: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @classmethod
@@ -186,7 +194,23 @@ class Deployment:
         if math.isnan(tp) or tp < 1:
             raise CapacityError(f"{row.get('target')}: tp '{row.get('tp')}' is not a positive number")
         return cls(str(row["target"]), str(row["gpu"]), int(tp), _precision(row.get("precision")),
-                   None if math.isnan(mnbt) else int(mnbt), None if math.isnan(mml) else int(mml))
+                   None if math.isnan(mnbt) else int(mnbt), None if math.isnan(mml) else int(mml),
+                   model_runner(row))
+
+
+def model_runner(row: dict[str, Any]) -> str:
+    """The vLLM model runner a row ran with: its `model_runner` column if it has one, else the seed
+    article's serve command for its target (`seed_serve_flags.yaml`), else vLLM's default, v1."""
+    value = row.get("model_runner")
+    if isinstance(value, str) and value.strip():
+        return value.strip().lower()
+    return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
+
+
+def _serve_flags() -> dict[str, Any]:
+    import yaml
+
+    return (yaml.safe_load((data_dir() / "measurements" / "seed_serve_flags.yaml").read_text()) or {}).get("targets", {})
 
 
 def num_prompts(concurrency: int, prompts_per_user: int = PROMPTS_PER_USER) -> int:
@@ -206,6 +230,8 @@ def workload(dep: Deployment) -> dict[str, Any]:
 def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PROMPTS_PER_USER,
                   speculative: dict[str, Any] | None = None, seed: int = 0) -> dict[str, Any]:
     engine: dict[str, Any] = {}
+    if dep.model_runner != "v1":
+        engine["model_runner"] = dep.model_runner
     if dep.max_num_batched_tokens:
         engine["max_num_batched_tokens"] = dep.max_num_batched_tokens
     sc = {
@@ -393,12 +419,19 @@ class RowRun:
     output_tokens: float
     num_steps: int
     mean_accepted_length: float
+    gpu: str = ""
+    verify_seq_count: float = 0.0   # sequences verifying drafts, summed over steps, where the runner charges them
+    seq_overhead_us: float = 0.0    # the spec_seq_overhead_us the run was simulated with
 
-    def throughput(self, overhead_us: float | None = None, step_overhead_us: float = 0.0) -> float:
-        """Output tok/s with another draft-pass overhead (and an optional fixed cost per drafting step)."""
+    def throughput(self, overhead_us: float | None = None, step_overhead_us: float = 0.0,
+                   seq_overhead_us: float | None = None) -> float:
+        """Output tok/s with another draft-pass overhead, another per-sequence host cost of a
+        speculative step (`spec_seq_overhead_us`), and an optional fixed cost per drafting step."""
         t = self.duration_s
         if overhead_us is not None:
             t += self.overhead_count * (overhead_us - self.overhead_us) * 1e-6
+        if seq_overhead_us is not None:
+            t += self.verify_seq_count * (seq_overhead_us - self.seq_overhead_us) * 1e-6
         t += self.drafting_steps * step_overhead_us * 1e-6
         return self.output_tokens / t
 
@@ -419,8 +452,13 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
     req = res.requests
     tau = 1.0 + float(req.spec_accepted.sum()) / max(float(req.spec_steps.sum()), 1.0)
     out = float(req.output_tokens[np.isfinite(req.finish_s)].sum())
+    features = np.asarray(rec.features, dtype=float).reshape(-1, NUM_FEATURES)
+    cost = res.cluster.replicas[0].cost
+    verify_seqs = float(features[:, NUM_FEATURES - 1].sum()) * cost.spec_host_scale   # 0 on the V2 runner
+    seq_us = cost.efficiency.get(SEQ_KEY, 0.0)
     return RowRun(duration_s=float(res.metrics["duration_s"]), overhead_us=float(ov), overhead_count=float(steps * units),
-                  drafting_steps=steps, output_tokens=out, num_steps=int(res.num_steps), mean_accepted_length=tau)
+                  drafting_steps=steps, output_tokens=out, num_steps=int(res.num_steps), mean_accepted_length=tau,
+                  gpu=load.deployment.gpu, verify_seq_count=verify_seqs, seq_overhead_us=float(seq_us))
 
 
 def _row_star(args) -> RowRun | str:
@@ -479,26 +517,36 @@ def best_n_regret(rows: pd.DataFrame, pred: str = "predicted_output_tok_s", meas
 STEP_KEY = "_step_overhead_us"
 
 
+def seq_key(gpu: str) -> str:
+    """Fit-parameter name of one GPU's `spec_seq_overhead_us` (a hardware-profile value: host time)."""
+    return f"{SEQ_KEY}@{gpu}"
+
+
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
                  step_overhead_us: float = 0.0) -> np.ndarray:
-    """Predicted speedup of every row for per-method draft_pass_overhead_us `params`."""
-    return np.array([r.throughput(params.get(m), step_overhead_us) / b for r, m, b in zip(runs, methods, baselines)])
+    """Predicted speedup of every row for per-method draft_pass_overhead_us and per-GPU
+    spec_seq_overhead_us (`seq_key(gpu)`) in `params` (a missing key keeps the simulated value)."""
+    return np.array([r.throughput(params.get(m), step_overhead_us, params.get(seq_key(r.gpu)))
+                     / b for r, m, b in zip(runs, methods, baselines)])
 
 
 def fit_overheads(runs: list[RowRun], methods: list[str], baselines: np.ndarray, measured: np.ndarray,
-                  start: dict[str, float], step_overhead: bool = False) -> dict[str, float]:
+                  start: dict[str, float], step_overhead: bool = False, seq_overhead: bool = True) -> dict[str, float]:
     """Least squares on log(predicted / measured speedup) with a soft-L1 loss (robust to the article's
-    few inconsistent rows), one draft_pass_overhead_us per method present in `methods`. With
-    `step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic: the
-    simulator has no such parameter), returned under STEP_KEY."""
+    few inconsistent rows): one draft_pass_overhead_us per method present in `methods` (bounds
+    FIT_BOUNDS_US) and, with `seq_overhead`, one spec_seq_overhead_us per GPU present (SEQ_BOUNDS_US).
+    With `step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic:
+    the simulator has no such parameter), returned under STEP_KEY."""
     from scipy.optimize import least_squares
 
     present = sorted(set(methods))
-    keys = present + ([STEP_KEY] if step_overhead else [])
+    gpus = sorted({seq_key(r.gpu) for r in runs}) if seq_overhead else []
+    keys = present + gpus + ([STEP_KEY] if step_overhead else [])
     out = dict(start)
     if not present:
         return out
-    x0 = np.array([min(max(start.get(k, 500.0), FIT_BOUNDS_US[0]), FIT_BOUNDS_US[1]) for k in keys], dtype=float)
+    bounds = [SEQ_BOUNDS_US if k in gpus else FIT_BOUNDS_US for k in keys]
+    x0 = np.array([min(max(start.get(k, 500.0), lo), hi) for k, (lo, hi) in zip(keys, bounds)], dtype=float)
     logm = np.log(measured)
 
     def resid(x):
@@ -506,26 +554,53 @@ def fit_overheads(runs: list[RowRun], methods: list[str], baselines: np.ndarray,
         step = p.pop(STEP_KEY, 0.0)
         return np.log(np.maximum(predict_with(runs, methods, baselines, p, step), 1e-9)) - logm
 
-    sol = least_squares(resid, x0, bounds=(np.full(len(keys), FIT_BOUNDS_US[0]), np.full(len(keys), FIT_BOUNDS_US[1])),
+    sol = least_squares(resid, x0, bounds=(np.array([lo for lo, _ in bounds]), np.array([hi for _, hi in bounds])),
                         loss="soft_l1", f_scale=0.05, x_scale=100.0)
     out.update({k: float(v) for k, v in zip(keys, sol.x)})
+    return out
+
+
+def fold_fallbacks(fit: dict[str, float], methods: list[str], gpus: list[str]) -> dict[str, float]:
+    """Values for what a cross-validation fold could not fit (rules for unmeasured methods and GPUs):
+    a method absent from the fold takes the mean fitted pass overhead of the fold's methods of the same
+    kind (sequential drafters / one-pass block drafters: DSpark is the DFlash backbone, Gemma 4 MTP a
+    sequential head like MTP and EAGLE-3); a GPU absent from the fold takes the mean of the fold's
+    fitted GPUs (the host work is vLLM's, on similar server CPUs)."""
+    from capacity.drafting import get_method
+
+    out = dict(fit)
+    fitted_m = [m for m in sorted(set(methods)) if m in fit]
+    for m in set(methods) - set(fitted_m):
+        same = [fit[k] for k in fitted_m if get_method(k).kind == get_method(m).kind]
+        if same:
+            out[m] = float(np.mean(same))
+    fitted_g = [fit[seq_key(g)] for g in sorted(set(gpus)) if seq_key(g) in fit]
+    for g in set(gpus):
+        if seq_key(g) not in fit and fitted_g:
+            out[seq_key(g)] = float(np.mean(fitted_g))
     return out
 
 
 def cross_validate(runs: list[RowRun], methods: list[str], baselines: np.ndarray, measured: np.ndarray,
                    targets: np.ndarray, start: dict[str, float], step_overhead: bool = False
                    ) -> tuple[dict[str, float], np.ndarray, np.ndarray, dict[str, dict[str, float]]]:
-    """(fit on all rows, its predictions, leave-one-target-out predictions, per-target fold fits). A
-    method measured on one target only keeps its methods.yaml value in that target's fold."""
+    """(fit on all rows, its predictions, leave-one-target-out predictions, per-target fold fits). What
+    a fold has no rows for (a method or GPU measured on the left-out target only) follows
+    `fold_fallbacks`, never the value fitted on the left-out rows."""
     s0 = {**start, STEP_KEY: 500.0} if step_overhead else dict(start)
     fitted = fit_overheads(runs, methods, baselines, measured, s0, step_overhead)
     pred = predict_with(runs, methods, baselines, fitted, fitted.get(STEP_KEY, 0.0))
     loto = np.full(len(runs), np.nan)
     folds: dict[str, dict[str, float]] = {}
+    all_gpus = [r.gpu for r in runs]
     for t in sorted(set(targets)):
         train = targets != t
-        f = fit_overheads([r for r, k in zip(runs, train) if k], [m for m, k in zip(methods, train) if k],
-                          baselines[train], measured[train], s0, step_overhead)
+        tr_runs = [r for r, k in zip(runs, train) if k]
+        tr_methods = [m for m, k in zip(methods, train) if k]
+        f = fit_overheads(tr_runs, tr_methods, baselines[train], measured[train], s0, step_overhead)
+        trained = {k: v for k, v in f.items()
+                   if k in set(tr_methods) or k in {seq_key(r.gpu) for r in tr_runs} or k == STEP_KEY}
+        f = fold_fallbacks(trained, methods, all_gpus)
         folds[str(t)] = f
         test = ~train
         loto[test] = predict_with([r for r, k in zip(runs, test) if k], [m for m, k in zip(methods, test) if k],
@@ -612,9 +687,10 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{ld['measured_baseline_tok_s']:9,.0f} {ld['simulated_baseline_tok_s']:9,.0f} "
                      f"{ld['relative_error']:+6.1%} {ld['bisection_step']:6.1%}")
     lines.append("")
-    lines.append("Fitted draft_pass_overhead_us per method (start = methods.yaml, assumed):")
+    lines.append("Fitted draft_pass_overhead_us per method (start = methods.yaml) and spec_seq_overhead_us per GPU "
+                 "(start = hardware profile), in us:")
     for m, v in s["fitted"].items():
-        lines.append(f"  {m:12} start {s['start'][m]:8.0f}   fitted {v:8.0f}")
+        lines.append(f"  {m:34} start {s['start'][m]:8.0f}   fitted {v:8.0f}")
     for name, title in (("default", "methods.yaml defaults (no fit)"), ("fitted", "fitted on all rows"),
                         ("loto", "leave-one-target-out (fit without the target, predict it)")):
         e = s["errors"][name]
@@ -639,14 +715,6 @@ def summary_text(s: dict[str, Any]) -> str:
                          f"{e['measured_intercept']:6.2f} {e['measured_slope']:6.3f}   "
                          f"{e['default_intercept']:6.2f} {e['default_slope']:6.3f}   "
                          f"{e['fitted_intercept']:6.2f} {e['fitted_slope']:6.3f}")
-    if s.get("diagnostic"):
-        d = s["diagnostic"]
-        lines.append("")
-        lines.append("Diagnostic (not a simulator parameter): + one fixed cost per drafting step shared by all methods")
-        lines.append(f"  fitted step overhead {d['step_overhead_us']:.0f} us; per-method pass overheads "
-                     + ", ".join(f"{k} {v:.0f}" for k, v in d["pass_overhead_us"].items()))
-        lines.append(f"  all rows: median {d['overall']['median_ape']:.1%}, p90 {d['overall']['p90_ape']:.1%}; "
-                     f"LOTO median {d['loto_overall']['median_ape']:.1%}, p90 {d['loto_overall']['p90_ape']:.1%}")
     t = s["targets"]
     lines.append("")
     lines.append(f"Acceptance targets: median <= 7 % ({t['median_ok']}), p90 <= 20 % ({t['p90_ok']}), "
@@ -730,6 +798,19 @@ def _regret_summary(df: pd.DataFrame, pred_col: str) -> dict[str, Any]:
             "table": r.to_dict(orient="records")}
 
 
+def _with_seq_overhead(load: "LoadInference", fitted: dict[str, float]) -> "LoadInference":
+    """The load with its GPU's fitted spec_seq_overhead_us as a profile override (re-simulation)."""
+    import dataclasses
+
+    dep = load.deployment
+    value = fitted.get(seq_key(dep.gpu))
+    if value is None:
+        return load
+    over = dict(dep.gpu_overrides or {})
+    over["efficiency"] = {**over.get("efficiency", {}), SEQ_KEY: value}
+    return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=over))
+
+
 def run(files: list[str] | None = None, workers: int = 2, progress: bool = True, quick: bool = False,
         serving: bool | None = None, rows: pd.DataFrame | None = None, resimulate: bool = False) -> SpecValidationReport:
     """Validate speculative decoding: infer each target's load, predict every row, fit the per-method
@@ -778,16 +859,14 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     meas = rows.loc[ok, "speedup"].to_numpy(dtype=float)
     run_list = [runs[i] for i in ok]
     start = {m: default_overhead_us(m) for m in sorted(set(m_list))}
+    start.update({seq_key(r.gpu): r.seq_overhead_us for r in run_list})
     targets = rows.loc[ok, "target"].to_numpy()
     fitted, fit_pred, loto_pred, loto_fits = cross_validate(run_list, m_list, base, meas, targets, start)
-    # diagnostic: + one fixed cost per drafting step shared by every method (not a simulator parameter)
-    diag, diag_pred, diag_loto, _ = cross_validate(run_list, m_list, base, meas, targets, start, step_overhead=True)
-    diag_step = diag.pop(STEP_KEY)
     exact = all(repricing_is_exact(ld.deployment) for ld in loads.values())
     if resimulate and not exact:
         # a request delay makes the closed-loop schedule depend on step durations (re-pricing is then
         # within ~1 %, measured): re-simulate the final predictions with the fitted overrides
-        jobs2 = [(rows.loc[i].to_dict(), loads[rows.at[i, "target"]], ppu,
+        jobs2 = [(rows.loc[i].to_dict(), _with_seq_overhead(loads[rows.at[i, "target"]], fitted), ppu,
                   {FITTED_PARAMETER: fitted[rows.at[i, "method_name"]]}) for i in ok]
         res2 = _pool_map(_row_star, jobs2, workers, progress, "rows (fitted, re-simulated)")
         fit_pred = np.array([r.throughput() / b if isinstance(r, RowRun) else np.nan for r, b in zip(res2, base)])
@@ -803,8 +882,6 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     put("predicted_speedup", fit_pred)
     put("predicted_output_tok_s", rows.loc[ok, "predicted_speedup"].to_numpy() * base)
     put("predicted_speedup_loto", loto_pred)
-    put("predicted_speedup_diagnostic", diag_pred)
-    put("predicted_speedup_diagnostic_loto", diag_loto)
     for col in ("default", "loto"):
         put(f"predicted_output_tok_s_{col}", rows.loc[ok, f"predicted_speedup_{col}"].to_numpy() * base)
     put("speedup_ape", ape(rows.loc[ok, "predicted_speedup"], meas))
@@ -840,9 +917,6 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
         "errors": errors,
         "regret": regret,
         "shape": shape_table(rows.loc[ok]),
-        "diagnostic": {"step_overhead_us": diag_step, "pass_overhead_us": {m: diag.get(m, start[m]) for m in start},
-                       "overall": error_table(rows.loc[ok].assign(_d=diag_pred), None, "_d")[0],
-                       "loto_overall": error_table(rows.loc[ok].assign(_d=diag_loto), None, "_d")[0]},
         "targets": {"median_ok": bool(overall["median_ape"] <= 0.07), "p90_ok": bool(overall["p90_ape"] <= 0.20),
                     "regret_ok": bool(regret["fitted"]["mean"] <= 0.02), "all_modelled": len(ok) == len(rows)},
     }

@@ -207,7 +207,8 @@ def test_dflash_is_one_pass_nearly_flat_in_n_at_small_batch(gpu):
     dc = DraftCost("dflash", gpu, t, d, 1, 15)
     small = [dc.time_s(1, n + 1, 2000 + n + 1, n) for n in (1, 7, 15)]
     assert small[-1] / small[0] < 1.15                       # weights read once, whatever N
-    assert all(dc.parts(1, n + 1, 2000, n)["overhead"] == pytest.approx(150e-6) for n in (1, 7, 15))
+    per_pass = get_method("dflash").parameters["draft_pass_overhead_us"].value * 1e-6
+    assert all(dc.parts(1, n + 1, 2000, n)["overhead"] == pytest.approx(per_pass) for n in (1, 7, 15))
     # the LM head (the target's, borrowed) is read once per step: memory-bound at B = 1
     lm_head = memory_bound_s(gpu, t.vocab_size * t.hidden_size * 2.0)
     assert dc.parts(1, 8, 2008, 7)["lm_head"] == pytest.approx(lm_head, rel=1e-9)
@@ -229,7 +230,8 @@ def test_dspark_markov_head_is_n_sequential_rank_r_gemvs(gpu):
     # B = 1 is memory-bound: each of the N steps reads W2 (vocab x rank 256, bf16) once
     per_step = memory_bound_s(gpu, 151936 * 256 * 2.0)
     assert dc.parts(1, 8, 1000, 7)["markov"] == pytest.approx(7 * per_step, rel=1e-9)
-    assert dc.parts(1, 8, 1000, 7)["overhead"] == pytest.approx(150e-6 + 7 * 15e-6)
+    per_pass = get_method("dspark").parameters["draft_pass_overhead_us"].value * 1e-6
+    assert dc.parts(1, 8, 1000, 7)["overhead"] == pytest.approx(per_pass + 7 * 15e-6)
 
 
 def test_gemma4_assistant_reads_the_target_kv_and_holds_none(gpu):

@@ -95,3 +95,17 @@ def test_engine_records_verifying_sequences() -> None:
     verifying = f[:, 2] > f[:, 1]
     assert verifying.any()
     assert np.all(f[verifying, 5] >= 1) and np.all(f[~verifying, 5] == 0)
+
+
+def test_host_cost_per_verifying_sequence_on_the_v1_runner_only() -> None:
+    """spec_seq_overhead_us is charged once per sequence that verifies drafts (V1 model runner):
+    the overhead part of a step with B verifying sequences grows by exactly B x the profile value,
+    a plain decode step with the same sequences is unchanged, and the V2 runner charges nothing."""
+    gpu = load_gpu("MI300X").with_overrides(efficiency={"spec_seq_overhead_us": 400.0})
+    m = load_model("Qwen/Qwen3-8B")
+    v1, v2 = StepCostModel(gpu, m, 1), StepCostModel(gpu, m, 1, model_runner="v2")
+    e = gpu.efficiency
+    plain = e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers + e["per_seq_overhead_us"] * 1e-6 * 12
+    assert float(v1.time_parts(_verify_features(12, 0))["overhead"]) == pytest.approx(plain, rel=1e-12)
+    assert float(v1.time_parts(_verify_features(12, 3))["overhead"]) == pytest.approx(plain + 12 * 400e-6, rel=1e-12)
+    assert float(v2.time_parts(_verify_features(12, 3))["overhead"]) == pytest.approx(plain, rel=1e-12)

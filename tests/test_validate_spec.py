@@ -154,6 +154,12 @@ def test_repricing_equals_a_full_simulation_with_the_override(method, draft, n):
     direct = vs.run_row(row, ld, 4, overrides={vs.FITTED_PARAMETER: 2500.0})
     assert rec.throughput(2500.0) == pytest.approx(direct.throughput(), rel=1e-9)
     assert rec.overhead_count == rec.drafting_steps * vs.overhead_units(vs.method_name(method), n)
+    # the per-sequence host cost of speculative steps re-prices exactly too (hardware-profile override)
+    dep2 = dataclasses.replace(dep, gpu_overrides={"efficiency": {"request_overhead_ms": 0.0, vs.SEQ_KEY: 900.0}})
+    ld2 = dataclasses.replace(ld, deployment=dep2)
+    direct2 = vs.run_row(row, ld2, 4)
+    assert rec.verify_seq_count > rec.drafting_steps
+    assert rec.throughput(None, 0.0, 900.0) == pytest.approx(direct2.throughput(), rel=1e-9)
 
 
 def test_block_drafter_beyond_its_block_is_modelled():
@@ -200,20 +206,33 @@ def test_error_table_is_median_and_p90_of_relative_error():
     assert row["n"] == 10
 
 
-def test_fit_recovers_a_known_overhead():
-    """Rows generated from known overheads (synthetic RowRuns): the fit returns them."""
+def test_fit_recovers_known_overheads():
+    """Rows generated from known per-method pass overheads and per-GPU per-sequence host costs
+    (synthetic RowRuns on two GPUs): the fit returns them."""
     rng = np.random.default_rng(0)
-    runs, methods, truth = [], [], {"eagle3": 700.0, "dflash": 3000.0}
-    for i in range(20):
+    runs, methods = [], []
+    truth = {"eagle3": 700.0, "dflash": 1500.0, vs.seq_key("MI300X"): 400.0, vs.seq_key("MI355X"): 120.0}
+    for i in range(24):
         m = "eagle3" if i % 2 else "dflash"
         runs.append(vs.RowRun(duration_s=10.0 + rng.random(), overhead_us=100.0, overhead_count=1000.0 * (1 + i % 5),
-                              drafting_steps=1000, output_tokens=20000.0, num_steps=1000, mean_accepted_length=3.0))
+                              drafting_steps=1000, output_tokens=20000.0, num_steps=1000, mean_accepted_length=3.0,
+                              gpu="MI300X" if i % 3 else "MI355X", verify_seq_count=1000.0 * (4 + i % 7),
+                              seq_overhead_us=0.0))
         methods.append(m)
-    base = np.full(20, 1000.0)
+    base = np.full(24, 1000.0)
     measured = vs.predict_with(runs, methods, base, truth)
     fitted = vs.fit_overheads(runs, methods, base, measured, {"eagle3": 100.0, "dflash": 150.0})
-    assert fitted["eagle3"] == pytest.approx(700.0, rel=1e-4)
-    assert fitted["dflash"] == pytest.approx(3000.0, rel=1e-4)
+    for k, v in truth.items():
+        assert fitted[k] == pytest.approx(v, rel=1e-4), k
+
+
+def test_fold_fallbacks_never_use_the_left_out_value():
+    """A method or GPU the fold has no rows for takes the fold's same-kind methods / other GPUs."""
+    fit = {"dflash": 1000.0, "eagle3": 300.0, "mtp": 500.0, vs.seq_key("MI300X"): 450.0}
+    out = vs.fold_fallbacks(fit, ["dflash", "dspark", "eagle3", "mtp", "gemma4_mtp"], ["MI300X", "MI355X"])
+    assert out["dspark"] == 1000.0                       # block drafter: DFlash's backbone
+    assert out["gemma4_mtp"] == pytest.approx(400.0)     # sequential: mean of EAGLE-3 and MTP
+    assert out[vs.seq_key("MI355X")] == 450.0
 
 
 # ------------------------------------------------------------------------------------ serving rows

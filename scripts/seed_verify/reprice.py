@@ -40,8 +40,8 @@ def step_times(cm, F, spec_mask, h):
     if rho != 1.0 and m.num_moe_layers:
         n_eff = np.where(decode, seqs * q ** rho, tok)
         experts = expected_distinct_experts(m.num_experts, m.experts_per_token, n_eff)
-        new = np.maximum(m.expert_flops_per_token * tok / (tp * cm._peak_expert * eff["gemm"] * eff["moe"]),
-                         m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff["moe"]))
+        new = np.maximum(m.expert_flops_per_token * tok / (tp * cm._peak_expert * eff["gemm"] * eff[cm.moe_efficiency_key]),
+                         m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * eff[cm.moe_efficiency_key]))
         t = t - parts["moe_gemm"] + new
     sp = spec_mask
     extra = np.zeros_like(t)
