@@ -429,7 +429,7 @@ class DraftCost:
         # (shared by simulate.deploy between DraftCosts with equal inputs: keys and values must depend
         # on the inputs only)
         self._steps_memo: dict[tuple[int, float, int], dict[int, np.ndarray]] = {}
-        self._linear_memo: dict[tuple[int, float, float, float], float] = {}
+        self._linear_memo: dict[tuple[str, float, float, float], float] = {}   # keyed by piece name
 
         self.extra_swa_kv_bytes_per_token = 0.0
         self.extra_sliding_window: int | None = None
@@ -513,8 +513,9 @@ class DraftCost:
 
     def _linear(self, piece: _Piece, tokens: ArrayLike, seqs: ArrayLike, sampled: ArrayLike) -> ArrayLike:
         """Seconds of a pass's linear layers and all-reduces (every part but attention), memoised for
-        scalar shapes: the drafter sees the same few (tokens, sequences) again and again."""
-        key = (id(piece), tokens, seqs, sampled) if type(tokens) is float and type(seqs) is float \
+        scalar shapes: the drafter sees the same few (tokens, sequences) again and again. Keyed by
+        the piece's name (distinct within a DraftCost), so the memo depends on the inputs only."""
+        key = (piece.arch.name, tokens, seqs, sampled) if type(tokens) is float and type(seqs) is float \
             and type(sampled) is float else None
         linear = self._linear_memo.get(key) if key else None
         if linear is None:
@@ -533,6 +534,13 @@ class DraftCost:
         arch = piece.arch
         if detail is not None:
             q, c = detail                     # q: per sequence, or one whole number for all
+            if c.dtype.kind in "iu" and len(c) <= piece.cost.tables.MAX_ROWS \
+                    and (type(q) is int or (isinstance(q, np.ndarray) and q.dtype.kind in "iu")):
+                cs = c.tolist()                 # a few sequences: plain Python, the same bits
+                if type(q) is int:
+                    return piece.cost.tables.sums(q, [x if x >= q else q for x in cs])
+                qs = q.tolist()
+                return piece.cost.tables.sums(qs, [x if x >= y else y for x, y in zip(cs, qs)])
             c = np.maximum(c, q)
             if c.dtype.kind in "iu" and (isinstance(q, int) or q.dtype.kind in "iu"):
                 tables = piece.cost.tables

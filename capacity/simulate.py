@@ -173,14 +173,17 @@ def _shared(cost: StepCostModel) -> StepCostModel:
 
 def _share_draft_memo(speculation: Speculation) -> None:
     """Let the drafter's `steps_time_s` memo (per (batch, tokens, drafts) and block of context sums,
-    filled at about 0.5 ms a block) carry over between simulations of equal DraftCosts. Its keys and
-    values depend only on the DraftCost's inputs, so a shared block holds the same bits."""
+    filled at about 0.5 ms a block) and its memo of linear-layer prices per piece and shape (about
+    500 entries in the default scenario, ~30 us each) carry over between simulations of equal
+    DraftCosts. Their keys and values depend only on the DraftCost's inputs, so a shared entry holds
+    the same bits."""
     cost = getattr(speculation, "draft_cost", None)
-    if cost is None or not isinstance(getattr(cost, "_steps_memo", None), dict):
+    if cost is None or not isinstance(getattr(cost, "_steps_memo", None), dict) \
+            or not isinstance(getattr(cost, "_linear_memo", None), dict):
         return
     key = _fingerprint(cost)
     if key is not None:
-        cost._steps_memo = _remember("draft\x1e" + key, cost._steps_memo)
+        cost._steps_memo, cost._linear_memo = _remember("draft\x1e" + key, (cost._steps_memo, cost._linear_memo))
 
 
 class Cluster:

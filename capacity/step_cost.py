@@ -112,6 +112,40 @@ _FEW = 32   # below this many values, plain Python beats a numpy reduction call
 _add_reduce = np.add.reduce   # what ndarray.sum() calls, without its Python wrapper (the same sums)
 
 
+def float_sum(x: list[float]) -> float:
+    """float(np.add.reduce(np.array(x))) of Python floats, bit for bit, in plain Python: numpy's
+    pairwise summation of a contiguous array (numpy/_core/src/umath/loops_utils.h.src,
+    `pairwise_sum`): fewer than 8 values one after the other from 0.0; up to 128 in eight running
+    sums combined as ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)), then the remainder one by
+    one; longer arrays split in two halves (the first a multiple of 8). Checked against numpy in
+    tests/test_speed_exact.py."""
+    n = len(x)
+    if n < 8:
+        total = 0.0
+        for v in x:
+            total += v
+        return total
+    if n > 128:
+        half = n // 2
+        half -= half % 8
+        return float_sum(x[:half]) + float_sum(x[half:])
+    r0, r1, r2, r3, r4, r5, r6, r7 = x[:8]
+    m = n - n % 8
+    for i in range(8, m, 8):
+        r0 += x[i]
+        r1 += x[i + 1]
+        r2 += x[i + 2]
+        r3 += x[i + 3]
+        r4 += x[i + 4]
+        r5 += x[i + 5]
+        r6 += x[i + 6]
+        r7 += x[i + 7]
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    for v in x[m:]:
+        total += v
+    return total
+
+
 def int_sum(a: np.ndarray) -> int:
     """int(a.sum()) of a 1-D integer array: plain Python for a few values (numpy's per-call cost
     dwarfs the additions, and an integer sum does not depend on the order)."""
@@ -153,7 +187,23 @@ class TokenTable:
         except IndexError:
             n = int(np.max(tokens)) + 1
             self.values = np.asarray(self._fn(np.arange(max(n, 2 * len(self.values), 1024))))
+            self._list = None
             return self.values[tokens]
+
+    _list: list | None = None   # self.values as Python numbers (the same values), made on first use
+
+    def lookup(self, tokens: list[int]) -> list:
+        """[self[c] for c in tokens] as Python numbers, for a few whole numbers >= 0 (a numpy call
+        per look-up would cost more than the look-up)."""
+        values = self._list
+        if values is not None:
+            try:
+                return [values[c] for c in tokens]
+            except IndexError:
+                pass
+        self[max(tokens)]                                           # grows the table if needed
+        values = self._list = self.values.tolist()
+        return [values[c] for c in tokens]
 
 
 class AttentionTables:
@@ -180,6 +230,37 @@ class AttentionTables:
             table = self._chunk[q] = TokenTable(fn)
         return table
 
+    def sums(self, new_tokens: list[int] | int, context_tokens: list[int]) -> tuple[float, float]:
+        """(attention FLOPs, KV bytes read) summed over a few sequences (Python whole numbers; new_tokens
+        may be one number for all), bit for bit float(flops(q, c).sum()) and float(kv[c].sum()):
+        the tables' own values, summed in numpy's order (float_sum)."""
+        if type(new_tokens) is int:
+            if 0 <= new_tokens <= self.MAX_CHUNK:
+                attn = self.chunk(new_tokens).lookup(context_tokens)
+            else:
+                attn = self.flops(np.full(len(context_tokens), new_tokens), np.array(context_tokens, dtype=np.int64)).tolist()
+        else:
+            attn = []
+            rest: list[int] = []
+            whole, chunk = self._whole, self._chunk
+            for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
+                if q == c >= 0:
+                    table = whole
+                elif 0 <= q <= self.MAX_CHUNK and c >= q:
+                    table = chunk.get(q) or self.chunk(q)
+                else:
+                    rest.append(i)   # a prompt chunk, or not valid (the function says why)
+                    attn.append(0.0)
+                    continue
+                values = table._list
+                attn.append(values[c] if values is not None and c < len(values) else table.lookup([c])[0])
+            if rest:
+                direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
+                                                   np.array([context_tokens[i] for i in rest], dtype=np.int64))
+                for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
+                    attn[i] = v
+        return float_sum(attn), float_sum(self.kv.lookup(context_tokens))
+
     def flops(self, new_tokens: np.ndarray | int, context_tokens: np.ndarray) -> np.ndarray:
         """arch.attention_flops(new_tokens, context_tokens) for 1-D whole-number arrays (new_tokens
         may be one number for every sequence)."""
@@ -189,27 +270,29 @@ class AttentionTables:
             new_tokens = np.full(len(context_tokens), new_tokens)
         if len(new_tokens) > self.MAX_ROWS:
             return self.arch.attention_flops(new_tokens, context_tokens)
-        out = np.empty(len(new_tokens))
-        rest = []
-        whole: tuple[list[int], list[int]] = ([], [])                 # (positions, contexts)
-        chunks: dict[int, tuple[list[int], list[int]]] = {}          # per chunk width q
+        # a few sequences: looked up in plain Python (the tables' own values), one array at the end
+        out: list[float] = []
+        rest: list[int] = []
+        whole = self._whole
+        chunk = self._chunk
         for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
             if q == c >= 0:
-                group = whole
+                table = whole
             elif 0 <= q <= self.MAX_CHUNK and c >= q:
-                group = chunks.setdefault(q, ([], []))
+                table = chunk.get(q) or self.chunk(q)
             else:
                 rest.append(i)   # a prompt chunk, or not valid (the function says why)
+                out.append(0.0)
                 continue
-            group[0].append(i)
-            group[1].append(c)
-        if whole[0]:                                                 # one look-up per table, not per sequence
-            out[whole[0]] = self._whole[whole[1]]
-        for q, (positions, contexts) in chunks.items():
-            out[positions] = self.chunk(q)[contexts]
+            values = table._list
+            if values is not None and c < len(values):
+                out.append(values[c])
+            else:
+                out.append(table.lookup([c])[0])
+        out_array = np.array(out)
         if rest:
-            out[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
-        return out
+            out_array[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
+        return out_array
 
 
 def _whole_numbers(*arrays: np.ndarray) -> bool:
@@ -287,6 +370,14 @@ class StepCostModel:
         context_tokens = np.asarray(context_tokens)
         n = len(new_tokens)
         whole = n and _whole_numbers(new_tokens, context_tokens)
+        if whole and n <= AttentionTables.MAX_ROWS:     # a few sequences: plain Python, the same bits
+            q, c = new_tokens.tolist(), context_tokens.tolist()
+            attn_sum, kv_sum = self.tables.sums(q, c)
+            return StepFeatures(
+                num_tokens=float(sum(q)), num_seqs=float(n),
+                num_sampled=float(n if num_sampled is None else num_sampled),
+                attn_flops=attn_sum, kv_read_bytes=kv_sum,
+                verify_seqs=float(sum([s > 0 for s in np.asarray(num_spec).tolist()])) if num_spec is not None else 0.0)
         if whole:
             attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
         elif n:

@@ -7,7 +7,7 @@ import pytest
 
 from capacity import scenario, simulate
 from capacity.engine import StepRecorder, _float_sum
-from capacity.step_cost import StepFeatures, StepTime
+from capacity.step_cost import AttentionTables, StepFeatures, StepTime, float_sum
 
 
 @pytest.mark.parametrize("k", list(range(1, 20)) + [64, 200])
@@ -18,6 +18,34 @@ def test_float_sum_is_numpys_sum(k: int) -> None:
     for _ in range(200):
         x = rng.standard_normal(k + 3) * 10.0 ** rng.integers(-6, 9, k + 3)
         assert _float_sum(x, k) == float(x[:k].sum())
+
+
+@pytest.mark.parametrize("n", list(range(0, 40)) + [63, 64, 65, 127, 128, 129, 200, 300, 1000])
+def test_python_float_sum_is_numpys_sum(n: int) -> None:
+    """float_sum (plain Python, numpy's pairwise order) gives np.add.reduce's bits: widely spread
+    values, so that another order of additions would show in the last bits."""
+    rng = np.random.default_rng(1000 + n)
+    for _ in range(100):
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(-6, 9, n)
+        assert float_sum(x.tolist()) == float(np.add.reduce(x))
+
+
+def test_attention_sums_are_the_per_sequence_sums() -> None:
+    """AttentionTables.sums (plain Python look-ups) equals the model's own functions summed by numpy,
+    for decode-width chunks, whole prompts, prompt continuations and one width for all."""
+    sc = scenario.load(None, [])
+    arch = simulate.deploy(sc).model
+    tables = AttentionTables(arch)
+    rng = np.random.default_rng(3)
+    for n in (1, 3, 8, 9, 17, 32):
+        c = rng.integers(1, 5000, n)
+        q = np.minimum(rng.choice([1, 2, 4, 600], n), c)
+        q[: n // 3] = c[: n // 3]                                   # whole prompts
+        attn, kv = tables.sums(q.tolist(), c.tolist())
+        assert attn == float(arch.attention_flops(q, c).sum())
+        assert kv == float(arch.kv_read_bytes(c).sum())
+        attn4, _ = tables.sums(4, np.maximum(c, 4).tolist())
+        assert attn4 == float(arch.attention_flops(np.full(n, 4), np.maximum(c, 4)).sum())
 
 
 def test_recorder_series_are_the_steps_in_order() -> None:
