@@ -52,6 +52,18 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
 # mid-range efficiencies and small overheads. Not a prior: the better of the two fits is kept.
+# Weak prior: each fraction efficiency that has a microbenchmark anchor in the profile (GEMM, STREAM,
+# FlashAttention, all-reduce bus bandwidth ratios; `prior_efficiencies`) adds one residual
+# PRIOR_WEIGHT * log(value / anchor) to the least squares, i.e. a factor-e deviation from the
+# microbenchmark costs as much as PRIOR_WEIGHT rows that are off by a factor e. With a few models
+# per GPU several parameters trade off against each other (attention vs gemm, allreduce vs per-layer
+# overhead) and the unregularised fit drifts to values that fit those models and predict others
+# badly. basis: chosen by leave-one-model-out on the 166 MI300X InferenceX rows (2026-11-29):
+# weight 0 -> LOMO median |error| output tok/s 27.9 %, TPOT 36.4 %, TTFT 32.9 %; weight 3 ->
+# 17.9 %, 19.5 %, 22.3 %, with the error on the fitted rows unchanged (9.3 / 8.9 / 14.3 %).
+PRIOR_WEIGHT = 3.0
+PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
+
 NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0}
 
@@ -232,6 +244,11 @@ def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pri
     return np.asarray(res)
 
 
+def _fit_residuals(x, keys, base, pricers, metrics, prior, prior_weight) -> np.ndarray:
+    r = _residuals(x, keys, base, pricers, metrics)
+    return np.concatenate([r, _prior_residuals(x, keys, prior, prior_weight)]) if prior else r
+
+
 def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
                       metrics: tuple[str, ...] = FIT_METRICS) -> tuple[tuple[str, ...], dict[str, str]]:
     """The FITTED_KEYS these runs can pin down, and why each other one is left at the profile value.
@@ -264,9 +281,36 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
     return tuple(k for k in keys if k not in why), why
 
 
+def prior_efficiencies(profile: GpuProfile) -> dict[str, float]:
+    """The pre-calibration anchor of each PRIOR_KEYS efficiency: its value if the profile was never
+    fitted (a microbenchmark ratio, or an assumption that says so), else the value its note records
+    as 'before calibration' (save_profile keeps it across refits)."""
+    import re
+
+    out = {}
+    for k in PRIOR_KEYS:
+        leaf = profile.provenance.get(f"efficiency.{k}")
+        if leaf is None:
+            continue
+        if leaf.basis.strip().lower() != "fitted":
+            out[k] = float(leaf.value)
+            continue
+        m = re.search(r"before calibration: ([0-9.eE+-]+)", leaf.note or "")
+        if m:
+            out[k] = float(m.group(1))
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, float], weight: float) -> np.ndarray:
+    return np.asarray([weight * math.log(max(v, 1e-12) / prior[k]) for k, v in zip(keys, x) if k in prior])
+
+
 def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS,
-        metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None) -> dict[str, float]:
-    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss)."""
+        metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None,
+        prior: dict[str, float] | None = None, prior_weight: float = PRIOR_WEIGHT) -> dict[str, float]:
+    """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss), plus the weak
+    prior toward the microbenchmark anchors `prior` (PRIOR_WEIGHT; none when `prior` is empty or the
+    weight is 0)."""
     if not pricers:
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
     if not keys:
@@ -276,8 +320,9 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     best = None
     for origin in (start, NEUTRAL_START):
         x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
-        sol = least_squares(_residuals, x0, bounds=(lo, hi), args=(keys, start, pricers, metrics), loss="soft_l1",
-                            f_scale=0.1, x_scale=np.maximum(x0, 1e-2))
+        sol = least_squares(_fit_residuals, x0, bounds=(lo, hi),
+                            args=(keys, start, pricers, metrics, prior if prior_weight > 0 else None, prior_weight),
+                            loss="soft_l1", f_scale=0.1, x_scale=np.maximum(x0, 1e-2))
         if best is None or sol.cost < best.cost:
             best = sol
     sol = best
@@ -386,12 +431,14 @@ def _filter_gpu(rows: pd.DataFrame, profile: GpuProfile, given: str) -> pd.DataF
 def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: float = 0.0, progress: bool = True,
         workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None,
         tp: int | None = None, model: str | None = None, sets: list[str] | None = None,
-        rounds: int | None = None, keys: tuple[str, ...] | None = None) -> CalibrationResult:
+        rounds: int | None = None, keys: tuple[str, ...] | None = None,
+        prior_weight: float = PRIOR_WEIGHT) -> CalibrationResult:
     """Fit `gpu`'s efficiency parameters to measured serving runs (any format `readers` knows).
 
     `tp`, `model`, `sets` (column=value) fill what vLLM result files do not state. `rounds` (default: 2
     when a row has a request delay to fit or runs open loop, else 1) re-records the schedules at the
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
+    `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
     """
     from capacity import readers
 
@@ -455,13 +502,15 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     if rounds is None:
         rounds = 2 if (start["request_overhead_ms"] > 0 or any(p.rec.open_loop for p in pricers)) else 1
     info: dict[str, Any] = {}
-    fitted = fit(train, start, keys, info=info)
+    prior = prior_efficiencies(profile)
+    fit_kw = {"prior": prior, "prior_weight": prior_weight}
+    fitted = fit(train, start, keys, info=info, **fit_kw)
     for _ in range(rounds - 1):
         pricers = priced(fitted)          # re-record at the fitted values (same rows, same order)
         if len(pricers) != len(train) + len(test):
             break
         train, test = split(pricers)
-        fitted = fit(train, fitted, keys, info=info)
+        fitted = fit(train, fitted, keys, info=info, **fit_kw)
     result.fitted, result.rows_used = fitted, len(train)
     result.fitted_keys, result.not_fitted = tuple(keys), not_fitted
     result.train_errors = _tables(predictions(train, fitted))
@@ -477,13 +526,15 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         if len(models) > 1:
             oof = []
             for m in models:
-                fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys)
+                fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys, **fit_kw)
                 result.lomo_fits[m] = fold_fit
                 oof.append(predictions([p for p in train if p.rec.row["model"] == m], fold_fit))
             result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
     train_rows = pd.DataFrame([p.rec.row for p in train])
     result.fitted_on = (f"capacity calibrate on {len(train)} rows ({_describe_sources(train_rows, paths)}), "
-                        f"fitted {', '.join(keys)}, {date.today()}")
+                        f"fitted {', '.join(keys)}"
+                        + (f" with prior weight {prior_weight:g} toward the microbenchmark anchors" if prior and prior_weight > 0 else "")
+                        + f", {date.today()}")
     if out:
         save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on)
         result.out = out

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 import yaml
 
@@ -77,10 +79,11 @@ def test_repricing_at_the_recording_parameters_equals_the_simulation(tmp_path, a
 
 
 def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys):
+    """The machinery is exact: without the microbenchmark prior the fit returns the simulated truth."""
     out = tmp_path / "MI300X-mine.yaml"
     log = str(readers.Path(__file__).parent / "data" / "vllm" / "specdecode_club3090_vllm0.20.1.log")
     assert main(["calibrate", *result_files, log, "--gpu", "MI300X", "--out", str(out), "--workers", "1",
-                 "--quiet", "--json"]) == 0
+                 "--prior-weight", "0", "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     known = truth()
     assert set(res["fitted_keys"]) == {"gemm", "hbm", "attention", "step_overhead_ms", "per_seq_overhead_us",
@@ -108,7 +111,7 @@ def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys
 def test_non_physical_fit_is_flagged(result_files, capsys):
     # the 8B runs claimed as a 70B model: reading 140 GB of weights per step that fast needs hbm > 1
     assert main(["calibrate", result_files[0], result_files[3], "--gpu", "MI300X", "--model",
-                 "meta-llama/Llama-3.1-70B", "--workers", "1", "--rounds", "1", "--quiet"]) == 0
+                 "meta-llama/Llama-3.1-70B", "--workers", "1", "--rounds", "1", "--prior-weight", "0", "--quiet"]) == 0
     assert "warning: hbm landed on its bound 1" in capsys.readouterr().out
 
 
@@ -117,3 +120,16 @@ def test_calibrate_without_tp_is_a_one_line_error(tmp_path, capsys):
     assert main(["calibrate", str(src), "--gpu", "MI300X", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--metadata tensor_parallel_size=N" in err
+
+
+def test_prior_pulls_toward_the_microbenchmark_anchor_only_as_much_as_its_weight():
+    """The prior residual is weight x log(value / anchor) per anchored key (closed form), and the
+    anchors of a fitted profile are the values its notes record from before calibration."""
+    import math
+
+    profile = load_gpu("MI300X")
+    anchors = calibrate.prior_efficiencies(profile)
+    assert anchors["gemm"] == pytest.approx(708 / 1307.4, abs=1e-4)        # measured GEMM / bf16 peak
+    assert anchors["hbm"] == pytest.approx(4.09 / 5.3, abs=1e-4)           # STREAM / spec bandwidth
+    r = calibrate._prior_residuals(np.array([0.3, 0.9]), ("gemm", "request_overhead_ms"), anchors, 3.0)
+    assert r.tolist() == pytest.approx([3.0 * math.log(0.3 / anchors["gemm"])])
