@@ -58,9 +58,12 @@ FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # microbenchmark costs as much as PRIOR_WEIGHT rows that are off by a factor e. With a few models
 # per GPU several parameters trade off against each other (attention vs gemm, allreduce vs per-layer
 # overhead) and the unregularised fit drifts to values that fit those models and predict others
-# badly. basis: chosen by leave-one-model-out on the 166 MI300X InferenceX rows (2026-11-29):
-# weight 0 -> LOMO median |error| output tok/s 27.9 %, TPOT 36.4 %, TTFT 32.9 %; weight 3 ->
-# 17.9 %, 19.5 %, 22.3 %, with the error on the fitted rows unchanged (9.3 / 8.9 / 14.3 %).
+# badly. basis: chosen by leave-one-model-out on the InferenceX rows (2026-11-29, one recording
+# round, re-priced). MI300X: weight 0 -> LOMO median |error| output tok/s 27.9 %, TPOT 36.4 %,
+# TTFT 32.9 %; weight 3 -> 17.9 %, 19.5 %, 22.3 %, fitted rows 9.3 / 8.9 / 14.3 % (unchanged).
+# MI355X: LOMO 20.7 / 20.8 / 36.7 % -> 19.1 / 18.4 / 35.4 %, fitted TPOT 14.3 -> 16.2 %. The shipped
+# profiles are still the unregularised fits: the one-round MI300X refit simulated a TTFT error of
+# 28.8 % (request delay 24 ms; it needs a second recording round), see the session-3 closing note.
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
