@@ -33,7 +33,7 @@ import numpy as np
 import simpy
 
 from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, any_true, int_min, int_sum
+from capacity.step_cost import NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, int_min, int_sum
 
 
 @dataclass(frozen=True)
