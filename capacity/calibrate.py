@@ -62,8 +62,9 @@ FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # round, re-priced). MI300X: weight 0 -> LOMO median |error| output tok/s 27.9 %, TPOT 36.4 %,
 # TTFT 32.9 %; weight 3 -> 17.9 %, 19.5 %, 22.3 %, fitted rows 9.3 / 8.9 / 14.3 % (unchanged).
 # MI355X: LOMO 20.7 / 20.8 / 36.7 % -> 19.1 / 18.4 / 35.4 %, fitted TPOT 14.3 -> 16.2 %. The shipped
-# profiles are still the unregularised fits: the one-round MI300X refit simulated a TTFT error of
-# 28.8 % (request delay 24 ms; it needs a second recording round), see the session-3 closing note.
+# profiles are still the unregularised fits: the MI300X refit re-prices TTFT at 14.3 % but a full
+# `capacity validate` simulates 28.8 % (request delay 24 ms; a second recording round returns the
+# same fit, so re-pricing and validation disagree there), see the session-3 closing note.
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
