@@ -240,25 +240,7 @@ class AttentionTables:
             else:
                 attn = self.flops(np.full(len(context_tokens), new_tokens), np.array(context_tokens, dtype=np.int64)).tolist()
         else:
-            attn = []
-            rest: list[int] = []
-            whole, chunk = self._whole, self._chunk
-            for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
-                if q == c >= 0:
-                    table = whole
-                elif 0 <= q <= self.MAX_CHUNK and c >= q:
-                    table = chunk.get(q) or self.chunk(q)
-                else:
-                    rest.append(i)   # a prompt chunk, or not valid (the function says why)
-                    attn.append(0.0)
-                    continue
-                values = table._list
-                attn.append(values[c] if values is not None and c < len(values) else table.lookup([c])[0])
-            if rest:
-                direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
-                                                   np.array([context_tokens[i] for i in rest], dtype=np.int64))
-                for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
-                    attn[i] = v
+            attn = self._per_seq_flops(new_tokens, context_tokens)
         return float_sum(attn), float_sum(self.kv.lookup(context_tokens))
 
     def flops(self, new_tokens: np.ndarray | int, context_tokens: np.ndarray) -> np.ndarray:
@@ -271,28 +253,32 @@ class AttentionTables:
         if len(new_tokens) > self.MAX_ROWS:
             return self.arch.attention_flops(new_tokens, context_tokens)
         # a few sequences: looked up in plain Python (the tables' own values), one array at the end
+        return np.array(self._per_seq_flops(new_tokens.tolist(), context_tokens.tolist()))
+
+    def _per_seq_flops(self, new_tokens, context_tokens) -> list[float]:
+        """Per-sequence attention FLOPs as Python floats: the whole-prompt or decode-width table's value
+        where one applies, else arch.attention_flops for those sequences (prompt chunks, or invalid
+        input, which the function reports)."""
         out: list[float] = []
         rest: list[int] = []
-        whole = self._whole
-        chunk = self._chunk
-        for i, (q, c) in enumerate(zip(new_tokens.tolist(), context_tokens.tolist())):
+        whole, chunk = self._whole, self._chunk
+        for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
             if q == c >= 0:
                 table = whole
             elif 0 <= q <= self.MAX_CHUNK and c >= q:
                 table = chunk.get(q) or self.chunk(q)
             else:
-                rest.append(i)   # a prompt chunk, or not valid (the function says why)
+                rest.append(i)
                 out.append(0.0)
                 continue
             values = table._list
-            if values is not None and c < len(values):
-                out.append(values[c])
-            else:
-                out.append(table.lookup([c])[0])
-        out_array = np.array(out)
+            out.append(values[c] if values is not None and c < len(values) else table.lookup([c])[0])
         if rest:
-            out_array[rest] = self.arch.attention_flops(new_tokens[rest], context_tokens[rest])
-        return out_array
+            direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
+                                               np.array([context_tokens[i] for i in rest], dtype=np.int64))
+            for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
+                out[i] = v
+        return out
 
 
 def _whole_numbers(*arrays: np.ndarray) -> bool:
