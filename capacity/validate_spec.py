@@ -32,6 +32,7 @@ a stated load are predicted by `predict_serving_rows` (see its docstring for wha
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -207,6 +208,7 @@ def model_runner(row: dict[str, Any]) -> str:
     return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
 
 
+@functools.lru_cache(maxsize=1)
 def _serve_flags() -> dict[str, Any]:
     import yaml
 
