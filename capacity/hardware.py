@@ -30,7 +30,8 @@ from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
-                   "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "spec_seq_overhead_us")
+                   "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "spec_seq_overhead_us",
+                   "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
 FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce")
@@ -90,6 +91,7 @@ _EXPECTED_UNIT = {
     "efficiency.step_overhead_ms": "ms",
     "efficiency.per_seq_overhead_us": "us",
     "efficiency.spec_seq_overhead_us": "us",
+    "efficiency.spec_token_overhead_us": "us",
 }
 
 # Weight dtype spellings -> family. See GpuProfile.compute_dtype for the rule.
@@ -366,6 +368,7 @@ class _EfficiencyModel(BaseModel):
     layer_overhead_us: _LeafModel
     request_overhead_ms: _LeafModel
     spec_seq_overhead_us: _LeafModel
+    spec_token_overhead_us: _LeafModel
 
 
 class _ProfileModel(BaseModel):
@@ -474,6 +477,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                 fail(key, f"must be a fraction in (0, 1], got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
                      "efficiency.request_overhead_ms", "efficiency.spec_seq_overhead_us",
+                     "efficiency.spec_token_overhead_us",
                      "scaleup_latency_us",
                      "cost_per_gpu_hour_usd"):
             if value < 0:

@@ -36,6 +36,16 @@ decode or prefill step is priced as before):
   MI300X target whatever its size, TP or drafter. The V2 model runner (vllm PR #25266) prepares
   inputs and counts accepted drafts with GPU kernels (e.g. PR #30029), and its runs show no such
   intercept, so `model_runner="v2"` does not charge it.
+* Time per verified draft token (`spec_token_overhead_us` of the hardware profile, part of
+  "overhead"), on either runner. The seed article's rows show a verification step growing with
+  the number of draft tokens much faster than the roofline of its extra tokens says (Gemma 4
+  DFlash at C = 36: +1.8 ms per extra draft position, ~50 us per draft token, on a 4B-active MoE),
+  which per-pass draft overheads cannot express for one-pass drafters (DFlash). Fitted per GPU with
+  the other speculative overheads (docs/seed_validation.md §13): stable at 28-37 us on MI300X in
+  every leave-one-target-out fold. Its mechanism is not identified; candidates are work per
+  verified position outside the roofline: attention tiles that re-read a sequence's KV once per
+  BLOCK_Q query tokens (vLLM's triton unified attention), grouped-GEMM tile padding, the
+  rejection sampler's passes over full-vocabulary logits.
 """
 
 from __future__ import annotations
@@ -447,8 +457,19 @@ class StepCostModel:
                                  + eff["layer_overhead_us"] * 1e-6 * m.num_layers
                                  + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
                                  + eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6
-                                 * _float_or_array(f.verify_seqs))
+                                 * _float_or_array(f.verify_seqs)
+                                 + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * self._drafts(f))
         return parts
+
+    @staticmethod
+    def _drafts(f: StepFeatures) -> np.ndarray | float:
+        """Draft tokens the step verifies (`StepFeatures.num_drafts`; Python floats stay floats)."""
+        if type(f.verify_seqs) is float:
+            if f.verify_seqs <= 0.0:
+                return 0.0
+            if type(f.num_sampled) is float and type(f.num_seqs) is float:
+                return max(f.num_sampled - f.num_seqs, 0.0)
+        return f.num_drafts
 
     def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,
                        efficiency: dict[str, float] | None = None) -> np.ndarray | float:

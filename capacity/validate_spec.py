@@ -87,6 +87,9 @@ FITTED_PARAMETER = "draft_pass_overhead_us"
 FIT_BOUNDS_US = (0.0, 2000.0)
 SEQ_KEY = "spec_seq_overhead_us"     # per-GPU host time per verifying sequence per step (hardware profile)
 SEQ_BOUNDS_US = (0.0, 5000.0)
+TOK_KEY = "spec_token_overhead_us"   # per-GPU time per verified draft token (hardware profile)
+TOK_BOUNDS_US = (0.0, 500.0)
+GPU_KEYS = (SEQ_KEY, TOK_KEY)         # the per-GPU speculative costs fitted here
 PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
               "mxfp8": "mxfp8", "nvfp4": "fp4"}
 
@@ -424,16 +427,21 @@ class RowRun:
     gpu: str = ""
     verify_seq_count: float = 0.0   # sequences verifying drafts, summed over steps, where the runner charges them
     seq_overhead_us: float = 0.0    # the spec_seq_overhead_us the run was simulated with
+    draft_token_count: float = 0.0  # draft tokens verified, summed over steps
+    token_overhead_us: float = 0.0  # the spec_token_overhead_us the run was simulated with
 
     def throughput(self, overhead_us: float | None = None, step_overhead_us: float = 0.0,
-                   seq_overhead_us: float | None = None) -> float:
+                   seq_overhead_us: float | None = None, token_overhead_us: float | None = None) -> float:
         """Output tok/s with another draft-pass overhead, another per-sequence host cost of a
-        speculative step (`spec_seq_overhead_us`), and an optional fixed cost per drafting step."""
+        speculative step (`spec_seq_overhead_us`), another cost per verified draft token
+        (`spec_token_overhead_us`), and an optional fixed cost per drafting step."""
         t = self.duration_s
         if overhead_us is not None:
             t += self.overhead_count * (overhead_us - self.overhead_us) * 1e-6
         if seq_overhead_us is not None:
             t += self.verify_seq_count * (seq_overhead_us - self.seq_overhead_us) * 1e-6
+        if token_overhead_us is not None:
+            t += self.draft_token_count * (token_overhead_us - self.token_overhead_us) * 1e-6
         t += self.drafting_steps * step_overhead_us * 1e-6
         return self.output_tokens / t
 
@@ -458,9 +466,11 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
     cost = res.cluster.replicas[0].cost
     verify_seqs = float(features[:, NUM_FEATURES - 1].sum()) * cost.spec_host_scale   # 0 on the V2 runner
     seq_us = cost.efficiency.get(SEQ_KEY, 0.0)
+    drafts = float(np.maximum(features[:, 2] - features[:, 1], 0.0)[features[:, NUM_FEATURES - 1] > 0].sum())
     return RowRun(duration_s=float(res.metrics["duration_s"]), overhead_us=float(ov), overhead_count=float(steps * units),
                   drafting_steps=steps, output_tokens=out, num_steps=int(res.num_steps), mean_accepted_length=tau,
-                  gpu=load.deployment.gpu, verify_seq_count=verify_seqs, seq_overhead_us=float(seq_us))
+                  gpu=load.deployment.gpu, verify_seq_count=verify_seqs, seq_overhead_us=float(seq_us),
+                  draft_token_count=drafts, token_overhead_us=float(cost.efficiency.get(TOK_KEY, 0.0)))
 
 
 def _row_star(args) -> RowRun | str:
@@ -524,11 +534,21 @@ def seq_key(gpu: str) -> str:
     return f"{SEQ_KEY}@{gpu}"
 
 
+def tok_key(gpu: str) -> str:
+    """Fit-parameter name of one GPU's `spec_token_overhead_us` (a hardware-profile value)."""
+    return f"{TOK_KEY}@{gpu}"
+
+
+def _gpu_keys(gpu: str) -> list[str]:
+    return [seq_key(gpu), tok_key(gpu)]
+
+
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
                  step_overhead_us: float = 0.0) -> np.ndarray:
     """Predicted speedup of every row for per-method draft_pass_overhead_us and per-GPU
-    spec_seq_overhead_us (`seq_key(gpu)`) in `params` (a missing key keeps the simulated value)."""
-    return np.array([r.throughput(params.get(m), step_overhead_us, params.get(seq_key(r.gpu)))
+    spec_seq_overhead_us (`seq_key(gpu)`) and spec_token_overhead_us (`tok_key(gpu)`) in `params` (a
+    missing key keeps the simulated value)."""
+    return np.array([r.throughput(params.get(m), step_overhead_us, params.get(seq_key(r.gpu)), params.get(tok_key(r.gpu)))
                      / b for r, m, b in zip(runs, methods, baselines)])
 
 
@@ -536,18 +556,19 @@ def fit_overheads(runs: list[RowRun], methods: list[str], baselines: np.ndarray,
                   start: dict[str, float], step_overhead: bool = False, seq_overhead: bool = True) -> dict[str, float]:
     """Least squares on log(predicted / measured speedup) with a soft-L1 loss (robust to the article's
     few inconsistent rows): one draft_pass_overhead_us per method present in `methods` (bounds
-    FIT_BOUNDS_US) and, with `seq_overhead`, one spec_seq_overhead_us per GPU present (SEQ_BOUNDS_US).
+    FIT_BOUNDS_US) and, with `seq_overhead`, one spec_seq_overhead_us (SEQ_BOUNDS_US) and one
+    spec_token_overhead_us (TOK_BOUNDS_US) per GPU present.
     With `step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic:
     the simulator has no such parameter), returned under STEP_KEY."""
     from scipy.optimize import least_squares
 
     present = sorted(set(methods))
-    gpus = sorted({seq_key(r.gpu) for r in runs}) if seq_overhead else []
+    gpus = sorted({k for r in runs for k in _gpu_keys(r.gpu)}) if seq_overhead else []
     keys = present + gpus + ([STEP_KEY] if step_overhead else [])
     out = dict(start)
     if not present:
         return out
-    bounds = [SEQ_BOUNDS_US if k in gpus else FIT_BOUNDS_US for k in keys]
+    bounds = [(SEQ_BOUNDS_US if k.startswith(SEQ_KEY) else TOK_BOUNDS_US) if k in gpus else FIT_BOUNDS_US for k in keys]
     x0 = np.array([min(max(start.get(k, 500.0), lo), hi) for k, (lo, hi) in zip(keys, bounds)], dtype=float)
     logm = np.log(measured)
 
@@ -576,10 +597,11 @@ def fold_fallbacks(fit: dict[str, float], methods: list[str], gpus: list[str]) -
         same = [fit[k] for k in fitted_m if get_method(k).kind == get_method(m).kind]
         if same:
             out[m] = float(np.mean(same))
-    fitted_g = [fit[seq_key(g)] for g in sorted(set(gpus)) if seq_key(g) in fit]
-    for g in set(gpus):
-        if seq_key(g) not in fit and fitted_g:
-            out[seq_key(g)] = float(np.mean(fitted_g))
+    for key in (seq_key, tok_key):
+        fitted_g = [fit[key(g)] for g in sorted(set(gpus)) if key(g) in fit]
+        for g in set(gpus):
+            if key(g) not in fit and fitted_g:
+                out[key(g)] = float(np.mean(fitted_g))
     return out
 
 
@@ -601,7 +623,7 @@ def cross_validate(runs: list[RowRun], methods: list[str], baselines: np.ndarray
         tr_methods = [m for m, k in zip(methods, train) if k]
         f = fit_overheads(tr_runs, tr_methods, baselines[train], measured[train], s0, step_overhead)
         trained = {k: v for k, v in f.items()
-                   if k in set(tr_methods) or k in {seq_key(r.gpu) for r in tr_runs} or k == STEP_KEY}
+                   if k in set(tr_methods) or k in {g for r in tr_runs for g in _gpu_keys(r.gpu)} or k == STEP_KEY}
         f = fold_fallbacks(trained, methods, all_gpus)
         folds[str(t)] = f
         test = ~train
@@ -689,8 +711,8 @@ def summary_text(s: dict[str, Any]) -> str:
                      f"{ld['measured_baseline_tok_s']:9,.0f} {ld['simulated_baseline_tok_s']:9,.0f} "
                      f"{ld['relative_error']:+6.1%} {ld['bisection_step']:6.1%}")
     lines.append("")
-    lines.append("Fitted draft_pass_overhead_us per method (start = methods.yaml) and spec_seq_overhead_us per GPU "
-                 "(start = hardware profile), in us:")
+    lines.append("Fitted draft_pass_overhead_us per method (start = methods.yaml), spec_seq_overhead_us and "
+                 "spec_token_overhead_us per GPU (start = hardware profile), in us:")
     for m, v in s["fitted"].items():
         lines.append(f"  {m:34} start {s['start'][m]:8.0f}   fitted {v:8.0f}")
     for name, title in (("default", "methods.yaml defaults (no fit)"), ("fitted", "fitted on all rows"),
@@ -801,15 +823,17 @@ def _regret_summary(df: pd.DataFrame, pred_col: str) -> dict[str, Any]:
 
 
 def _with_seq_overhead(load: "LoadInference", fitted: dict[str, float]) -> "LoadInference":
-    """The load with its GPU's fitted spec_seq_overhead_us as a profile override (re-simulation)."""
+    """The load with its GPU's fitted spec_seq_overhead_us and spec_token_overhead_us as profile
+    overrides (re-simulation)."""
     import dataclasses
 
     dep = load.deployment
-    value = fitted.get(seq_key(dep.gpu))
-    if value is None:
+    values = {name: fitted[key(dep.gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
+              if key(dep.gpu) in fitted}
+    if not values:
         return load
     over = dict(dep.gpu_overrides or {})
-    over["efficiency"] = {**over.get("efficiency", {}), SEQ_KEY: value}
+    over["efficiency"] = {**over.get("efficiency", {}), **values}
     return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=over))
 
 
@@ -862,6 +886,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     run_list = [runs[i] for i in ok]
     start = {m: default_overhead_us(m) for m in sorted(set(m_list))}
     start.update({seq_key(r.gpu): r.seq_overhead_us for r in run_list})
+    start.update({tok_key(r.gpu): r.token_overhead_us for r in run_list})
     targets = rows.loc[ok, "target"].to_numpy()
     fitted, fit_pred, loto_pred, loto_fits = cross_validate(run_list, m_list, base, meas, targets, start)
     exact = all(repricing_is_exact(ld.deployment) for ld in loads.values())
@@ -1165,12 +1190,23 @@ def _ratio(spec: dict[str, float], base: dict[str, float], metric: str) -> float
 
 
 def _with_spec(sc: dict[str, Any], spec: dict[str, Any] | None, overrides: dict[str, float] | None) -> dict[str, Any]:
+    """The scenario with `spec` and, from a fit (`overrides`), the method's draft-pass overhead and
+    the GPU's speculative costs (spec_seq_overhead_us, spec_token_overhead_us)."""
     out = {**sc}
     if spec:
         s = dict(spec)
         if overrides and s.get("method") in overrides:
             s["overrides"] = {FITTED_PARAMETER: overrides[s["method"]]}
         out["speculative"] = s
+        gpu = sc.get("deployment", {}).get("gpu")
+        values = {name: overrides[key(gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
+                  if overrides and key(gpu) in overrides}
+        if values:
+            dep = dict(out["deployment"])
+            over = dict(dep.get("gpu_overrides") or {})
+            over["efficiency"] = {**over.get("efficiency", {}), **values}
+            dep["gpu_overrides"] = over
+            out["deployment"] = dep
     return out
 
 

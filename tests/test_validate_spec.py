@@ -207,17 +207,18 @@ def test_error_table_is_median_and_p90_of_relative_error():
 
 
 def test_fit_recovers_known_overheads():
-    """Rows generated from known per-method pass overheads and per-GPU per-sequence host costs
-    (synthetic RowRuns on two GPUs): the fit returns them."""
+    """Rows generated from known per-method pass overheads, per-GPU per-sequence host costs and
+    per-GPU costs per verified draft token (synthetic RowRuns on two GPUs): the fit returns them."""
     rng = np.random.default_rng(0)
     runs, methods = [], []
-    truth = {"eagle3": 700.0, "dflash": 1500.0, vs.seq_key("MI300X"): 400.0, vs.seq_key("MI355X"): 120.0}
+    truth = {"eagle3": 700.0, "dflash": 1500.0, vs.seq_key("MI300X"): 400.0, vs.seq_key("MI355X"): 120.0,
+             vs.tok_key("MI300X"): 30.0, vs.tok_key("MI355X"): 45.0}
     for i in range(24):
         m = "eagle3" if i % 2 else "dflash"
         runs.append(vs.RowRun(duration_s=10.0 + rng.random(), overhead_us=100.0, overhead_count=1000.0 * (1 + i % 5),
                               drafting_steps=1000, output_tokens=20000.0, num_steps=1000, mean_accepted_length=3.0,
                               gpu="MI300X" if i % 3 else "MI355X", verify_seq_count=1000.0 * (4 + i % 7),
-                              seq_overhead_us=0.0))
+                              seq_overhead_us=0.0, draft_token_count=1000.0 * (3 + (i * 7) % 11)))
         methods.append(m)
     base = np.full(24, 1000.0)
     measured = vs.predict_with(runs, methods, base, truth)
@@ -228,11 +229,12 @@ def test_fit_recovers_known_overheads():
 
 def test_fold_fallbacks_never_use_the_left_out_value():
     """A method or GPU the fold has no rows for takes the fold's same-kind methods / other GPUs."""
-    fit = {"dflash": 1000.0, "eagle3": 300.0, "mtp": 500.0, vs.seq_key("MI300X"): 450.0}
+    fit = {"dflash": 1000.0, "eagle3": 300.0, "mtp": 500.0, vs.seq_key("MI300X"): 450.0, vs.tok_key("MI300X"): 30.0}
     out = vs.fold_fallbacks(fit, ["dflash", "dspark", "eagle3", "mtp", "gemma4_mtp"], ["MI300X", "MI355X"])
     assert out["dspark"] == 1000.0                       # block drafter: DFlash's backbone
     assert out["gemma4_mtp"] == pytest.approx(400.0)     # sequential: mean of EAGLE-3 and MTP
     assert out[vs.seq_key("MI355X")] == 450.0
+    assert out[vs.tok_key("MI355X")] == 30.0
 
 
 # ------------------------------------------------------------------------------------ serving rows
