@@ -158,21 +158,16 @@ class StepRecorder:
         if start == len(self._counts):
             return
         parts, copies, busy_s = self._parts, self._copies, self._busy_s
-        records = list(zip(self._parts_in[start:], self._counts[start:]))
-        # the runs' array sums first, all at once (_run_sums), then taken in the same order below
-        runs = [(x, k) for (step_parts, durations), k in records if type(durations) is np.ndarray
-                for x in (durations, *(v for v in step_parts.values() if isinstance(v, np.ndarray) and v.ndim))]
-        sums = iter(_run_sums(runs))
-        for (step_parts, durations), k in records:
+        for (step_parts, durations), k in zip(self._parts_in[start:], self._counts[start:]):
             if type(durations) is not np.ndarray:       # one step
                 busy_s += durations
                 for key, v in step_parts.items():
                     parts[key] = parts.get(key, 0.0) + v
                 continue
-            busy_s += next(sums)
+            busy_s += _float_sum(durations, k)
             for key, v in step_parts.items():
                 if isinstance(v, np.ndarray) and v.ndim:
-                    total = next(sums)
+                    total = _float_sum(v, k)
                 else:
                     total = copies.get((v, k))
                     if total is None:
@@ -259,34 +254,6 @@ def _float_sum(x: np.ndarray, k: int) -> float:
     for v in x[:k].tolist():
         total += v
     return total
-
-
-def _run_sums(runs: list[tuple[np.ndarray, int]]) -> list[float]:
-    """[_float_sum(x, k) for x, k in runs], bit for bit, with a few numpy calls for all the short
-    runs (most are: a decode run lasts a handful of steps) instead of a few per run: their values,
-    zero-padded to 8 columns, are added column by column, i.e. one after the other as numpy sums
-    fewer than 8 values (((x0 + x1) + x2) ... is ((0.0 + x0) + x1) ..., and adding a padding 0.0
-    changes no sum: one is never -0.0 after a padding column, as with Python's 0.0 start)."""
-    out = [0.0] * len(runs)
-    short: list[int] = []
-    for i, (x, k) in enumerate(runs):
-        if k >= 8:
-            out[i] = float(_add_reduce(x[:k]))
-        else:
-            short.append(i)
-    if short:
-        ks = np.array([runs[i][1] for i in short])
-        values = np.concatenate([runs[i][0][:runs[i][1]] for i in short], dtype=float)
-        starts = np.repeat(ks.cumsum() - ks, ks)
-        rows = np.repeat(np.arange(len(short)) * 8, ks)
-        padded = np.zeros((len(short), 8))
-        padded.ravel()[rows + np.arange(len(values)) - starts] = values
-        total = padded[:, 0].copy()
-        for j in range(1, 8):
-            total += padded[:, j]
-        for i, v in zip(short, total.tolist()):
-            out[i] = v
-    return out
 
 
 def _column(values: list | tuple, counts: list[int]) -> np.ndarray:
