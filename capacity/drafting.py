@@ -48,7 +48,7 @@ from capacity.models import ModelArch, load_model
 from capacity.paths import data_dir
 from capacity.policies import SpeculationPolicy, policy_from_config
 from capacity.speculation import NoSpeculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime, fast_maximum, int_sum
+from capacity.step_cost import AttentionTables, StepCostModel, StepFeatures, StepTime, fast_maximum, int_sum
 
 if TYPE_CHECKING:
     from capacity.hardware import GpuProfile
@@ -534,6 +534,10 @@ class DraftCost:
         arch = piece.arch
         if detail is not None:
             q, c = detail                     # q: per sequence, or one whole number for all
+            if type(c) is list:               # a few sequences as Python whole numbers (step_time_s)
+                if type(q) is int:
+                    return piece.cost.tables.sums(q, [x if x >= q else q for x in c])
+                return piece.cost.tables.sums(q, [x if x >= y else y for x, y in zip(c, q)])
             if c.dtype.kind in "iu" and len(c) <= piece.cost.tables.MAX_ROWS \
                     and (type(q) is int or (isinstance(q, np.ndarray) and q.dtype.kind in "iu")):
                 cs = c.tolist()                 # a few sequences: plain Python, the same bits
@@ -566,12 +570,12 @@ class DraftCost:
         safe_b = fast_maximum(B, 1.0)
         c_mean = C / safe_b
         if m.kind == "sequential":
-            head, _ = self._gemm(self._head, B, B, B)
+            head = self._linear(self._head, B, B, B) * (B > 0)      # _gemm's linear part (no attention)
             extra = self._extra_first_pass_tokens
             t1 = T + extra * B
             d1 = dl = None
             if detail is not None:
-                d1 = (detail[0] + extra, detail[1] + extra) if extra else detail
+                d1 = _shifted(detail, extra) if extra else detail
                 dl = (1, detail[1])
             a1 = self._attention(self._first, B, t1 / safe_b, c_mean + extra, d1)
             g1, at1 = self._gemm(self._first, t1, B, B, *a1)
@@ -589,7 +593,8 @@ class DraftCost:
             if detail is not None:
                 qd = q.flat[0] if isinstance(q, np.ndarray) else q
                 qd = int(qd) if float(qd).is_integer() else float(qd)
-                dq = (qd, detail[1] + qd)
+                c = detail[1]
+                dq = (qd, [x + qd for x in c] if type(c) is list and type(qd) is int else np.asarray(c) + qd)
             aq = self._attention(self._later, B, q, c_mean + q, dq)
             gq, atq = self._gemm(self._later, B * q, B, 0.0, *aq)
             rows = B * N
@@ -602,7 +607,7 @@ class DraftCost:
                 gm, _ = self._gemm(self._markov, B, B, B)
                 parts["markov"] = N * gm
                 parts["overhead"] = parts["overhead"] + N * self.params.get("markov_step_overhead_us", 0.0) * 1e-6
-        return {k: v * on for k, v in parts.items()}
+        return parts if on is True else {k: v * on for k, v in parts.items()}   # (v * True is v)
 
     def parts(self, num_decode_seqs: ArrayLike, target_tokens: ArrayLike, context_tokens_sum: ArrayLike,
               num_spec: ArrayLike) -> dict[str, float | np.ndarray]:
@@ -644,8 +649,17 @@ class DraftCost:
         table = blocks[lo] if lo == hi else np.concatenate([blocks[b] for b in range(lo, hi + 1)])
         return table[context_tokens_sum - lo * size]
 
-    def step_time_s(self, new_tokens: np.ndarray, context_tokens: np.ndarray, num_spec: int) -> float:
-        """Drafting time of one step from per-request arrays (exact attention per request)."""
+    def step_time_s(self, new_tokens: np.ndarray | list[int], context_tokens: np.ndarray | list[int],
+                    num_spec: int) -> float:
+        """Drafting time of one step from per-request arrays (exact attention per request), or from
+        Python lists of whole numbers for a few requests (at most AttentionTables.MAX_ROWS: the engine's
+        mixed steps, priced in plain Python without numpy's per-call cost; the same bits)."""
+        if type(new_tokens) is list and type(context_tokens) is list:
+            if not new_tokens or num_spec <= 0:
+                return 0.0
+            p = self._parts(float(len(new_tokens)), float(sum(new_tokens)), float(sum(context_tokens)),
+                            float(num_spec), detail=(new_tokens, context_tokens))
+            return float(sum(p.values()))
         new_tokens = np.asarray(new_tokens)
         context_tokens = np.asarray(context_tokens)
         if len(new_tokens) == 0 or num_spec <= 0:
@@ -659,9 +673,22 @@ class DraftCost:
 
 def _scalar_or_array(x: ArrayLike) -> float | np.ndarray:
     """A scalar as a Python float, anything else as a float array (see DraftCost._parts)."""
+    if type(x) is float:
+        return x
     if isinstance(x, np.ndarray):
         return float(x) if x.ndim == 0 else x.astype(float, copy=False)
     return float(x) if isinstance(x, (int, float, np.number)) else np.asarray(x, dtype=float)
+
+
+def _shifted(detail: tuple, extra: float) -> tuple:
+    """Per-request (queries, context) of `DraftCost._parts`' detail with `extra` more of each (Python
+    lists stay lists when extra is a whole number)."""
+    q, c = detail
+    if type(c) is list:
+        if type(extra) is not int:
+            return np.asarray(q) + extra, np.asarray(c) + extra
+        return (q + extra if type(q) is int else [x + extra for x in q]), [x + extra for x in c]
+    return q + extra, c + extra
 
 
 def _shaped(x: ArrayLike, shape: tuple[int, ...]) -> np.ndarray:
@@ -722,9 +749,16 @@ class SpeculativeDecoding:
         if len(ids) == 0:
             return StepTime({})
         context_tokens = np.asarray(context_tokens)
-        whole = context_tokens.dtype.kind in "iu"
-        self._last_mean_context = int_sum(context_tokens) / len(context_tokens) if whole \
-            else float(context_tokens.mean())   # the same number, faster
+        new_tokens = np.asarray(new_tokens)
+        few = len(ids) <= AttentionTables.MAX_ROWS and context_tokens.dtype.kind in "iu" \
+            and new_tokens.dtype.kind in "iu"
+        if few:                                 # the engine's steps: Python lists, priced in plain Python
+            context_tokens, new_tokens = context_tokens.tolist(), new_tokens.tolist()
+            self._last_mean_context = sum(context_tokens) / len(context_tokens)
+        else:
+            whole = context_tokens.dtype.kind in "iu"
+            self._last_mean_context = int_sum(context_tokens) / len(context_tokens) if whole \
+                else float(context_tokens.mean())   # the same number, faster
         n = max(num_spec.tolist(), default=0) if isinstance(num_spec, np.ndarray) else int(np.max(num_spec, initial=0))
         if n <= 0:
             n = self.num_spec_tokens(len(ids), self._last_mean_context)

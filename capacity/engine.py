@@ -33,7 +33,8 @@ import numpy as np
 import simpy
 
 from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, int_min, int_sum
+from capacity.step_cost import (NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, float_sum,
+                                 int_min, int_sum)
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class StepRecorder:
                 else:
                     total = copies.get((v, k))
                     if total is None:
-                        total = copies[(v, k)] = float(_add_reduce(np.full(k, v)))
+                        total = copies[(v, k)] = float_sum([float(v)] * k)   # np.full(k, v).sum()'s bits
                 parts[key] = parts.get(key, 0.0) + total
         self._busy_s = busy_s
         self._parts_done = len(self._counts)
