@@ -16,7 +16,12 @@ open-loop (Poisson/gamma) runs, the schedule depends on timing: open-loop rows a
 their idle gaps kept (a busy period starts at the later of the previous step's end and the
 recorded wake-up, shifted by the change in request delay), and `rounds` > 1 re-records every row
 with the fitted parameters and fits again, so the last fit is made on schedules simulated at
-(nearly) the fitted values.
+(nearly) the fitted values. Away from its recording point re-pricing is not exact (a request keeps
+the step it joined, although with another request delay it would join another), so the errors
+`run` reports come from schedules re-recorded at the final fitted values, i.e. a full simulation
+with them (what `capacity validate` gives); the re-priced ones are kept beside them and a warning
+says when the two disagree. Rows are recorded on the profile being calibrated (a YAML path too),
+and a row that cannot be re-recorded in a later round keeps its earlier schedule (with a warning).
 
 Input: any file `capacity.readers` knows (vllm bench serve results, the serving CSV schema;
 speculative-decoding counters become acceptance profiles). Only parameters the runs can identify
@@ -62,9 +67,15 @@ FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # round, re-priced). MI300X: weight 0 -> LOMO median |error| output tok/s 27.9 %, TPOT 36.4 %,
 # TTFT 32.9 %; weight 3 -> 17.9 %, 19.5 %, 22.3 %, fitted rows 9.3 / 8.9 / 14.3 % (unchanged).
 # MI355X: LOMO 20.7 / 20.8 / 36.7 % -> 19.1 / 18.4 / 35.4 %, fitted TPOT 14.3 -> 16.2 %. The shipped
-# profiles are still the unregularised fits: the MI300X refit re-prices TTFT at 14.3 % but a full
-# `capacity validate` simulates 28.8 % (request delay 24 ms; a second recording round returns the
-# same fit, so re-pricing and validation disagree there), see the session-3 closing note.
+# profiles are still the unregularised fits. The MI300X refit's 14.3 % TTFT was a re-pricing artefact,
+# not a row-set difference (166 TTFT rows in both commands): before 2026-11-29 17:40 `run` recorded every row
+# on the shipped profile of the row's GPU name (so `--gpu fitted.yaml` re-recorded at the shipped
+# values again, hence the "same fit" of the second round), and the second round was silently dropped
+# when a row finished at one point but not the other (170 vs 171 recordable rows). The fit was thus
+# re-priced at request delay 24 ms on schedules recorded at 66.8 ms, where a request keeps the late
+# step it joined: re-priced TTFT 14.3 %, simulated 28.8 % (predicted 42 ms too early, median), the
+# same per row as `capacity validate` once recorded at 24 ms (max relative difference 1.5e-12).
+# `run` now reports errors simulated at the fitted values and warns when re-pricing disagrees.
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
@@ -93,9 +104,11 @@ class RecordedRow:
 
 
 def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER_USER,
-               efficiency: dict[str, float] | None = None) -> RecordedRow | str:
-    """Simulate a row once (at `efficiency`, default the profile's) and keep its schedule; a string says
-    why it cannot be recorded."""
+               efficiency: dict[str, float] | None = None, gpu: str | None = None) -> RecordedRow | str:
+    """Simulate a row once and keep its schedule; a string says why it cannot be recorded.
+
+    `gpu` (a profile name or YAML path) is the profile simulated, default the shipped profile named by
+    the row; `efficiency` overrides its efficiency entries."""
     from capacity import scenario as scenario_mod, simulate
 
     sc, reason = validate.row_scenario(row, prompts_per_user)
@@ -103,6 +116,8 @@ def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER
         return reason
     if sc["deployment"]["replicas"] != 1:
         return "only single-replica rows can be re-priced"
+    if gpu is not None:
+        sc["deployment"]["gpu"] = str(gpu)
     if efficiency:
         sc["deployment"]["gpu_overrides"] = {"efficiency": dict(efficiency)}
     try:
@@ -212,10 +227,12 @@ def _record_star(args):
     return record_row(*args)
 
 
-def record_rows(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
+def record_rows(rows: pd.DataFrame | list[dict[str, Any]], workers: int = 2, progress: bool = True,
                 prompts_per_user: int = validate.PROMPTS_PER_USER,
-                efficiency: dict[str, float] | None = None) -> list[RecordedRow | str]:
-    jobs = [(r, prompts_per_user, efficiency) for r in rows.to_dict(orient="records")]
+                efficiency: dict[str, float] | None = None, gpu: str | None = None) -> list[RecordedRow | str]:
+    """`record_row` for each row, in order (a process pool of `workers`)."""
+    records = rows.to_dict(orient="records") if isinstance(rows, pd.DataFrame) else list(rows)
+    jobs = [(r, prompts_per_user, efficiency, gpu) for r in records]
     out: list[RecordedRow | str] = []
     workers = max(1, min(workers, os.cpu_count() or 1, len(jobs) or 1))
     if workers == 1:
@@ -358,7 +375,8 @@ class CalibrationResult:
     start: dict[str, float]
     rows_used: int
     skipped: dict[str, int]
-    train_errors: list[dict[str, Any]]
+    train_errors: list[dict[str, Any]]   # simulated at the fitted values (schedules re-recorded there)
+    repriced_train_errors: list[dict[str, Any]] = field(default_factory=list)   # what the fit itself saw
     holdout_errors: list[dict[str, Any]] = field(default_factory=list)
     lomo_errors: list[dict[str, Any]] = field(default_factory=list)
     lomo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -382,7 +400,7 @@ class CalibrationResult:
             lines.append(f"{k:20} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
         for w in self.warnings:
             lines.append(f"warning: {w}")
-        for title, table in (("Error on the rows fitted on", self.train_errors),
+        for title, table in (("Error on the rows fitted on (simulated at the fitted values)", self.train_errors),
                              ("Error on held-out rows (not used in the fit)", self.holdout_errors),
                              ("Leave-one-model-out cross-validation (fit without a model, predict it)", self.lomo_errors)):
             if not table:
@@ -404,6 +422,21 @@ class CalibrationResult:
         if self.acceptance_out:
             lines.append(f"wrote {self.acceptance_out}")
         return "\n".join(lines)
+
+
+REPRICING_TOLERANCE = 0.02   # |re-priced - simulated| median APE (absolute) above which run() warns
+
+
+def _repricing_warnings(repriced: list[dict[str, Any]], simulated: list[dict[str, Any]]) -> list[str]:
+    """Where the fit's re-priced errors and the simulated ones at the same values disagree (all rows)."""
+    sim = {g["metric"]: g["median_ape"] for g in simulated if g.get("model") == "all"}
+    out = []
+    for g in repriced:
+        m = g["metric"]
+        if g.get("model") == "all" and m in FIT_METRICS and m in sim and abs(g["median_ape"] - sim[m]) > REPRICING_TOLERANCE:
+            out.append(f"{m}: re-priced median error {g['median_ape']:.1%} but {sim[m]:.1%} simulated at the fitted "
+                       f"values (the schedules changed with the parameters); raise --rounds")
+    return out
 
 
 def _tables(df: pd.DataFrame) -> list[dict[str, Any]]:
@@ -471,15 +504,30 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         skipped[reason] = skipped.get(reason, 0) + 1
 
     def priced(eff: dict[str, float] | None) -> list[Repricer]:
-        recorded = record_rows(rows, workers=workers, progress=progress, efficiency=eff)
+        # recorded on the profile being calibrated (a YAML path too), not the shipped one of the row's GPU name
+        recorded = record_rows(rows, workers=workers, progress=progress, efficiency=eff, gpu=gpu)
         pricers = []
         for rec in recorded:
             if isinstance(rec, str):
-                if eff is None:
-                    skipped[rec] = skipped.get(rec, 0) + 1
+                skipped[rec] = skipped.get(rec, 0) + 1
             else:
                 pricers.append(Repricer(rec, profile))
         return pricers
+
+    stale: dict[str, int] = {}
+
+    def rerecorded(ps: list[Repricer], eff: dict[str, float]) -> list[Repricer]:
+        """The same rows, in the same order, re-recorded at `eff`; a row that cannot be recorded there
+        keeps its earlier schedule (counted in `stale`), so the row set never changes between rounds."""
+        recs = record_rows([p.rec.row for p in ps], workers=workers, progress=progress, efficiency=eff, gpu=gpu)
+        out = []
+        for p, rec in zip(ps, recs):
+            if isinstance(rec, str):
+                stale[rec] = stale.get(rec, 0) + 1
+                out.append(p)
+            else:
+                out.append(Repricer(rec, profile))
+        return out
 
     acceptance = [{**r.to_json(), "config": readers.acceptance_config(r)} for r in meas.acceptance]
     result = CalibrationResult(gpu=profile.name, fitted=dict(start), start=start, rows_used=0, skipped=skipped,
@@ -510,14 +558,18 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     fit_kw = {"prior": prior, "prior_weight": prior_weight}
     fitted = fit(train, start, keys, info=info, **fit_kw)
     for _ in range(rounds - 1):
-        pricers = priced(fitted)          # re-record at the fitted values (same rows, same order)
-        if len(pricers) != len(train) + len(test):
-            break
+        pricers = rerecorded(pricers, fitted)     # re-record at the fitted values (same rows, same order)
         train, test = split(pricers)
         fitted = fit(train, fitted, keys, info=info, **fit_kw)
     result.fitted, result.rows_used = fitted, len(train)
     result.fitted_keys, result.not_fitted = tuple(keys), not_fitted
+    # Re-pricing is exact only at the recording point, so the reported errors come from schedules
+    # re-recorded at the final fitted values, i.e. what `capacity validate` simulates with them.
+    result.repriced_train_errors = _tables(predictions(train, fitted))
+    pricers = rerecorded(pricers, fitted)
+    train, test = split(pricers)
     result.train_errors = _tables(predictions(train, fitted))
+    result.warnings.extend(_repricing_warnings(result.repriced_train_errors, result.train_errors))
     if not info.get("converged", True):
         result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
     for k in info.get("at_bound", []):
@@ -532,8 +584,12 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
             for m in models:
                 fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys, **fit_kw)
                 result.lomo_fits[m] = fold_fit
-                oof.append(predictions([p for p in train if p.rec.row["model"] == m], fold_fit))
+                # the left-out model simulated at the fold's fit (re-recorded), not re-priced far from it
+                oof.append(predictions(rerecorded([p for p in train if p.rec.row["model"] == m], fold_fit), fold_fit))
             result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
+    for reason, n in stale.items():
+        result.warnings.append(f"{n} re-recordings failed ({reason}); those rows kept their earlier schedule, "
+                               f"so their errors are re-priced, not simulated")
     train_rows = pd.DataFrame([p.rec.row for p in train])
     result.fitted_on = (f"capacity calibrate on {len(train)} rows ({_describe_sources(train_rows, paths)}), "
                         f"fitted {', '.join(keys)}"
