@@ -122,3 +122,46 @@ def test_repricing_warning_names_the_metric_that_moved():
     (w,) = calibrate._repricing_warnings(rep, sim)
     assert w.startswith("ttft_ms: re-priced median error 14.3% but 28.8% simulated")
     assert np.isclose(calibrate.REPRICING_TOLERANCE, 0.02)
+
+
+def _soft_l1_cost(residuals: np.ndarray) -> float:
+    """scipy's own cost of fixed residuals under the loss `fit` uses (the residual ignores x)."""
+    from scipy.optimize import least_squares
+
+    return float(least_squares(lambda x: residuals, np.zeros(1), loss="soft_l1", f_scale=calibrate.F_SCALE).cost)
+
+
+def test_simulated_cost_is_the_fit_objective(monkeypatch):
+    r = np.array([0.01, -0.3, 0.05, 2.0])
+    monkeypatch.setattr(calibrate, "_fit_residuals", lambda *a: r)
+    assert calibrate.simulated_cost([], {"gemm": 0.5}, ("gemm",)) == pytest.approx(_soft_l1_cost(r), rel=1e-12)
+
+
+def test_the_kept_fit_is_the_round_with_the_lowest_simulated_cost(result_files, far_profile, monkeypatch):
+    """Each round's fit is scored by a full simulation at it; the independent truth here simulates
+    every row at every round's fit and scores it with scipy's loss."""
+    fits = []
+    real_fit = calibrate.fit
+
+    def spy(*a, **k):
+        fits.append(real_fit(*a, **k))
+        return fits[-1]
+
+    monkeypatch.setattr(calibrate, "fit", spy)
+    res = calibrate.run(result_files, gpu=far_profile, rounds=2, cross_validate=False, progress=False, workers=1,
+                        prior_weight=0.0)
+    assert len(fits) == 2 and len(res.round_costs) == 2
+    rows = _rows(result_files)
+    costs = []
+    for eff in fits:
+        logs = []
+        for row in rows:
+            sc = validate.row_scenario(row)[0]
+            sc["deployment"]["gpu"] = far_profile
+            sc["deployment"]["gpu_overrides"] = {"efficiency": eff}
+            pred = validate.prediction_from_metrics(
+                simulate.run(scenario_mod.from_dict(sc), stream=validate.row_stream(row, sc)).metrics, row)
+            logs += [np.log(pred[f"predicted_{m}"] / float(row[m])) for m in calibrate.FIT_METRICS]
+        costs.append(_soft_l1_cost(np.asarray(logs)))
+    assert res.round_costs == pytest.approx(costs, rel=1e-9)
+    assert res.fitted == fits[int(np.argmin(costs))]
