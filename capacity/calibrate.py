@@ -77,6 +77,11 @@ F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull gro
 # step it joined: re-priced TTFT 14.3 %, simulated 28.8 % (predicted 42 ms too early, median), the
 # same per row as `capacity validate` once recorded at 24 ms (max relative difference 1.5e-12).
 # `run` now reports errors simulated at the fitted values and warns when re-pricing disagrees.
+# Recorded correctly, the rounds swing (delay 24 -> 66 ms: re-pricing below the recorded delay does
+# not move a request to an earlier step), so `run` keeps the round whose simulated cost is lowest.
+# MI300X prior refit, round 2 (delay 65.7 ms), `capacity validate` figures: median output tok/s 9.4 %,
+# TPOT 9.3 %, TTFT 15.5 % (shipped profile: 9.6 / 9.4 / 15.0 %); the LOMO figures above were re-priced
+# from schedules recorded at the shipped values and are to be re-measured with this `run`.
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
