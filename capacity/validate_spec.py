@@ -89,7 +89,6 @@ SEQ_KEY = "spec_seq_overhead_us"     # per-GPU host time per verifying sequence 
 SEQ_BOUNDS_US = (0.0, 5000.0)
 TOK_KEY = "spec_token_overhead_us"   # per-GPU time per verified draft token (hardware profile)
 TOK_BOUNDS_US = (0.0, 500.0)
-GPU_KEYS = (SEQ_KEY, TOK_KEY)         # the per-GPU speculative costs fitted here
 PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
               "mxfp8": "mxfp8", "nvfp4": "fp4"}
 
@@ -466,6 +465,7 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
     cost = res.cluster.replicas[0].cost
     verify_seqs = float(features[:, NUM_FEATURES - 1].sum()) * cost.spec_host_scale   # 0 on the V2 runner
     seq_us = cost.efficiency.get(SEQ_KEY, 0.0)
+    # draft tokens verified: sampled positions beyond one per sequence (StepFeatures.num_drafts)
     drafts = float(np.maximum(features[:, 2] - features[:, 1], 0.0)[features[:, NUM_FEATURES - 1] > 0].sum())
     return RowRun(duration_s=float(res.metrics["duration_s"]), overhead_us=float(ov), overhead_count=float(steps * units),
                   drafting_steps=steps, output_tokens=out, num_steps=int(res.num_steps), mean_accepted_length=tau,
@@ -541,6 +541,12 @@ def tok_key(gpu: str) -> str:
 
 def _gpu_keys(gpu: str) -> list[str]:
     return [seq_key(gpu), tok_key(gpu)]
+
+
+def _gpu_cost_overrides(fitted: dict[str, float] | None, gpu: str) -> dict[str, float]:
+    """The profile efficiency entries a fit sets for `gpu` (spec_seq_overhead_us, spec_token_overhead_us)."""
+    return {name: fitted[key(gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
+            if fitted and key(gpu) in fitted}
 
 
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
@@ -828,8 +834,7 @@ def _with_seq_overhead(load: "LoadInference", fitted: dict[str, float]) -> "Load
     import dataclasses
 
     dep = load.deployment
-    values = {name: fitted[key(dep.gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
-              if key(dep.gpu) in fitted}
+    values = _gpu_cost_overrides(fitted, dep.gpu)
     if not values:
         return load
     over = dict(dep.gpu_overrides or {})
@@ -1199,8 +1204,7 @@ def _with_spec(sc: dict[str, Any], spec: dict[str, Any] | None, overrides: dict[
             s["overrides"] = {FITTED_PARAMETER: overrides[s["method"]]}
         out["speculative"] = s
         gpu = sc.get("deployment", {}).get("gpu")
-        values = {name: overrides[key(gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
-                  if overrides and key(gpu) in overrides}
+        values = _gpu_cost_overrides(overrides, gpu)
         if values:
             dep = dict(out["deployment"])
             over = dict(dep.get("gpu_overrides") or {})
