@@ -82,6 +82,8 @@ F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull gro
 # MI300X prior refit, round 2 (delay 65.7 ms), `capacity validate` figures: median output tok/s 9.4 %,
 # TPOT 9.3 %, TTFT 15.5 % (shipped profile: 9.6 / 9.4 / 15.0 %); the LOMO figures above were re-priced
 # from schedules recorded at the shipped values and are to be re-measured with this `run`.
+# Re-measured with this `run` (simulated, 2026-11-29 19:05): MI355X LOMO median output tok/s 20.5 %,
+# TPOT 19.2 %, TTFT 38.3 % (p90 45.7 / 49.9 / 101.4 %), fitted rows 13.9 / 16.1 / 23.4 %; MI300X not yet.
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
