@@ -316,8 +316,11 @@ class StepFeatures:
                 self.verify_seqs)
 
     @property
-    def num_drafts(self) -> np.ndarray:
-        """Draft tokens verified in the step (sampled positions beyond one per sequence)."""
+    def num_drafts(self) -> np.ndarray | float:
+        """Draft tokens verified in the step (sampled positions beyond one per sequence; Python floats
+        stay floats)."""
+        if type(self.num_sampled) is float and type(self.num_seqs) is float:
+            return max(self.num_sampled - self.num_seqs, 0.0)
         return np.maximum(np.asarray(self.num_sampled, dtype=float) - np.asarray(self.num_seqs, dtype=float), 0.0)
 
     def first(self, k: int) -> "StepFeatures":
@@ -458,18 +461,8 @@ class StepCostModel:
                                  + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
                                  + eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6
                                  * _float_or_array(f.verify_seqs)
-                                 + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * self._drafts(f))
+                                 + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
         return parts
-
-    @staticmethod
-    def _drafts(f: StepFeatures) -> np.ndarray | float:
-        """Draft tokens the step verifies (`StepFeatures.num_drafts`; Python floats stay floats)."""
-        if type(f.verify_seqs) is float:
-            if f.verify_seqs <= 0.0:
-                return 0.0
-            if type(f.num_sampled) is float and type(f.num_seqs) is float:
-                return max(f.num_sampled - f.num_seqs, 0.0)
-        return f.num_drafts
 
     def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,
                        efficiency: dict[str, float] | None = None) -> np.ndarray | float:

@@ -47,7 +47,7 @@ import pandas as pd
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
-from capacity.step_cost import NUM_FEATURES
+from capacity.step_cost import NUM_FEATURES, StepFeatures
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
                  "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
@@ -461,12 +461,11 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
     req = res.requests
     tau = 1.0 + float(req.spec_accepted.sum()) / max(float(req.spec_steps.sum()), 1.0)
     out = float(req.output_tokens[np.isfinite(req.finish_s)].sum())
-    features = np.asarray(rec.features, dtype=float).reshape(-1, NUM_FEATURES)
+    f = StepFeatures(*np.asarray(rec.features, dtype=float).reshape(-1, NUM_FEATURES).T)
     cost = res.cluster.replicas[0].cost
-    verify_seqs = float(features[:, NUM_FEATURES - 1].sum()) * cost.spec_host_scale   # 0 on the V2 runner
+    verify_seqs = float(f.verify_seqs.sum()) * cost.spec_host_scale   # 0 on the V2 runner
     seq_us = cost.efficiency.get(SEQ_KEY, 0.0)
-    # draft tokens verified: sampled positions beyond one per sequence (StepFeatures.num_drafts)
-    drafts = float(np.maximum(features[:, 2] - features[:, 1], 0.0)[features[:, NUM_FEATURES - 1] > 0].sum())
+    drafts = float(f.num_drafts.sum())
     return RowRun(duration_s=float(res.metrics["duration_s"]), overhead_us=float(ov), overhead_count=float(steps * units),
                   drafting_steps=steps, output_tokens=out, num_steps=int(res.num_steps), mean_accepted_length=tau,
                   gpu=load.deployment.gpu, verify_seq_count=verify_seqs, seq_overhead_us=float(seq_us),
@@ -547,6 +546,13 @@ def _gpu_cost_overrides(fitted: dict[str, float] | None, gpu: str) -> dict[str, 
     """The profile efficiency entries a fit sets for `gpu` (spec_seq_overhead_us, spec_token_overhead_us)."""
     return {name: fitted[key(gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
             if fitted and key(gpu) in fitted}
+
+
+def _with_efficiency(gpu_overrides: dict[str, Any] | None, values: dict[str, float]) -> dict[str, Any]:
+    """`gpu_overrides` (a deployment's profile overrides) with `values` set in its efficiency entries."""
+    over = dict(gpu_overrides or {})
+    over["efficiency"] = {**over.get("efficiency", {}), **values}
+    return over
 
 
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
@@ -837,9 +843,7 @@ def _with_seq_overhead(load: "LoadInference", fitted: dict[str, float]) -> "Load
     values = _gpu_cost_overrides(fitted, dep.gpu)
     if not values:
         return load
-    over = dict(dep.gpu_overrides or {})
-    over["efficiency"] = {**over.get("efficiency", {}), **values}
-    return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=over))
+    return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=_with_efficiency(dep.gpu_overrides, values)))
 
 
 def run(files: list[str] | None = None, workers: int = 2, progress: bool = True, quick: bool = False,
@@ -1206,11 +1210,8 @@ def _with_spec(sc: dict[str, Any], spec: dict[str, Any] | None, overrides: dict[
         gpu = sc.get("deployment", {}).get("gpu")
         values = _gpu_cost_overrides(overrides, gpu)
         if values:
-            dep = dict(out["deployment"])
-            over = dict(dep.get("gpu_overrides") or {})
-            over["efficiency"] = {**over.get("efficiency", {}), **values}
-            dep["gpu_overrides"] = over
-            out["deployment"] = dep
+            out["deployment"] = {**out["deployment"],
+                                 "gpu_overrides": _with_efficiency(out["deployment"].get("gpu_overrides"), values)}
     return out
 
 
