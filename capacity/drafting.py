@@ -534,16 +534,14 @@ class DraftCost:
         arch = piece.arch
         if detail is not None:
             q, c = detail                     # q: per sequence, or one whole number for all
-            if type(c) is list:               # a few sequences as Python whole numbers (step_time_s)
-                if type(q) is int:
-                    return piece.cost.tables.sums(q, [x if x >= q else q for x in c])
-                return piece.cost.tables.sums(q, [x if x >= y else y for x, y in zip(c, q)])
-            if c.dtype.kind in "iu" and len(c) <= piece.cost.tables.MAX_ROWS \
-                    and (type(q) is int or (isinstance(q, np.ndarray) and q.dtype.kind in "iu")):
-                cs = c.tolist()                 # a few sequences: plain Python, the same bits
+            # a few sequences as Python whole numbers (lists from step_time_s, or small integer arrays):
+            # plain Python look-ups, the same bits
+            if type(c) is list or (c.dtype.kind in "iu" and len(c) <= piece.cost.tables.MAX_ROWS
+                                   and (type(q) is int or (isinstance(q, np.ndarray) and q.dtype.kind in "iu"))):
+                cs = c if type(c) is list else c.tolist()
                 if type(q) is int:
                     return piece.cost.tables.sums(q, [x if x >= q else q for x in cs])
-                qs = q.tolist()
+                qs = q if type(q) is list else q.tolist()
                 return piece.cost.tables.sums(qs, [x if x >= y else y for x, y in zip(cs, qs)])
             c = np.maximum(c, q)
             if c.dtype.kind in "iu" and (isinstance(q, int) or q.dtype.kind in "iu"):
