@@ -523,17 +523,6 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         reason = validate.row_scenario(r)[1]
         skipped[reason] = skipped.get(reason, 0) + 1
 
-    def priced(eff: dict[str, float] | None) -> list[Repricer]:
-        # recorded on the profile being calibrated (a YAML path too), not the shipped one of the row's GPU name
-        recorded = record_rows(rows, workers=workers, progress=progress, efficiency=eff, gpu=gpu)
-        pricers = []
-        for rec in recorded:
-            if isinstance(rec, str):
-                skipped[rec] = skipped.get(rec, 0) + 1
-            else:
-                pricers.append(Repricer(rec, profile))
-        return pricers
-
     stale: dict[str, int] = {}
 
     def rerecorded(ps: list[Repricer], eff: dict[str, float]) -> list[Repricer]:
@@ -558,7 +547,13 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
                                 f"({'; '.join(skipped) or 'none given'})")
         _write_acceptance(result, meas.acceptance, out)
         return result
-    pricers = priced(None)
+    # recorded on the profile being calibrated (a YAML path too), not the shipped one of the row's GPU name
+    pricers = []
+    for rec in record_rows(rows, workers=workers, progress=progress, gpu=gpu):
+        if isinstance(rec, str):
+            skipped[rec] = skipped.get(rec, 0) + 1
+        else:
+            pricers.append(Repricer(rec, profile))
     if not pricers:
         raise CapacityError(f"no serving rows for GPU {profile.name} could be simulated ({'; '.join(skipped)})")
     rng = np.random.default_rng(seed)
