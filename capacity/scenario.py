@@ -48,7 +48,8 @@ class Engine(_Strict):
     model_runner: Literal["v1", "v2"] = Field(
         "v1", description="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 selects v2). v1, the default, does "
                           "per-request host work in speculative steps that the hardware profile's "
-                          "spec_seq_overhead_us prices; v2 prepares inputs and counts accepted drafts on the GPU")
+                          "spec_seq_overhead_us prices; v2 prepares inputs and counts accepted drafts on the GPU "
+                          "(targets with linear-attention state still pay it on v2)")
     activation_reserve_gb: float = Field(
         6.0, ge=0,
         description="assumed: per-GPU memory vLLM's profiling run keeps for activations, CUDA/HIP graphs and "

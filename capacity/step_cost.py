@@ -34,8 +34,13 @@ decode or prefill step is priced as before):
   speculative decoding). Fitted per GPU on the seed article's rows (docs/seed_validation.md §12):
   the intercept of a speculative step's cost is then ~0.4–0.6 ms per sequence on every V1-runner
   MI300X target whatever its size, TP or drafter. The V2 model runner (vllm PR #25266) prepares
-  inputs and counts accepted drafts with GPU kernels (e.g. PR #30029), and its runs show no such
-  intercept, so `model_runner="v2"` does not charge it.
+  inputs and counts accepted drafts with GPU kernels (e.g. PR #30029), and its runs of an
+  attention-only target show no such intercept (gemma-4-26B-A4B-it), so `model_runner="v2"` does
+  not charge it there. A hybrid target with linear-attention (Gated DeltaNet) state still pays it
+  on V2: Qwen3.6-27B on V2 shows Qwen3.5-27B's V1 intercept (docs/seed_validation.md §14). The
+  mechanism is not identified; a candidate is the V2 runner's per-step recurrent-state metadata for
+  speculative steps (vllm PR #47428: `MambaHybridModelState.build_metadata`, the accepted-token
+  counts per request).
 * Time per verified draft token (`spec_token_overhead_us` of the hardware profile, part of
   "overhead"), on either runner. The seed article's rows show a verification step growing with
   the number of draft tokens much faster than the roofline of its extra tokens says (Gemma 4
@@ -346,9 +351,10 @@ class StepCostModel:
         self.verify_routing_exponent = float(verify_routing_exponent)
         self.state_snapshot_write_efficiency = float(state_snapshot_write_efficiency)
         # The profile's spec_seq_overhead_us is host work of vLLM's V1 model runner; the V2 runner
-        # does that bookkeeping on the GPU (module docstring), so it is not charged there.
+        # does that bookkeeping on the GPU (module docstring), so it is not charged there, except
+        # for targets with linear-attention state, whose V2 runs still show it.
         self.model_runner = model_runner
-        self.spec_host_scale = 0.0 if model_runner == "v2" else 1.0
+        self.spec_host_scale = 0.0 if model_runner == "v2" and model.num_linear_attention_layers == 0 else 1.0
         self.efficiency = dict(gpu.efficiency)
         self._peak_dense = gpu.peak_tflops(model.dense_weight_dtype) * 1e12
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12

@@ -463,7 +463,7 @@ def run_row(row: dict[str, Any], load: LoadInference, prompts_per_user: int = PR
     out = float(req.output_tokens[np.isfinite(req.finish_s)].sum())
     f = StepFeatures(*np.asarray(rec.features, dtype=float).reshape(-1, NUM_FEATURES).T)
     cost = res.cluster.replicas[0].cost
-    verify_seqs = float(f.verify_seqs.sum()) * cost.spec_host_scale   # 0 on the V2 runner
+    verify_seqs = float(f.verify_seqs.sum()) * cost.spec_host_scale   # 0 on the V2 runner (attention-only targets)
     seq_us = cost.efficiency.get(SEQ_KEY, 0.0)
     drafts = float(f.num_drafts.sum())
     return RowRun(duration_s=float(res.metrics["duration_s"]), overhead_us=float(ov), overhead_count=float(steps * units),

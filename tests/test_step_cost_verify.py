@@ -126,3 +126,18 @@ def test_cost_per_verified_draft_token_on_either_runner() -> None:
     cost = StepCostModel(gpu, m, 1)
     runs = cost.decode_features(np.array([[100] * 12, [200] * 12]), tokens_per_seq=1 + 4)
     assert np.allclose(np.asarray(cost.time_parts(runs)["overhead"], dtype=float), plain + 12 * 4 * 25e-6, rtol=1e-12)
+
+
+def test_hybrid_target_pays_the_host_cost_on_the_v2_runner_too() -> None:
+    """A target with linear-attention (Gated DeltaNet) layers is charged spec_seq_overhead_us per
+    verifying sequence on either runner; an attention-only target only on V1."""
+    gpu = load_gpu("MI300X").with_overrides(efficiency={"spec_seq_overhead_us": 400.0, "spec_token_overhead_us": 0.0})
+    hybrid, plain_model = load_model("Qwen/Qwen3.6-27B"), load_model("google/gemma-4-26B-A4B-it")
+    assert hybrid.num_linear_attention_layers > 0 and plain_model.num_linear_attention_layers == 0
+    for m, charged_on_v2 in ((hybrid, True), (plain_model, False)):
+        for runner in ("v1", "v2"):
+            cost = StepCostModel(gpu, m, 2, model_runner=runner)
+            extra = (float(cost.time_parts(_verify_features(12, 3))["overhead"])
+                     - float(cost.time_parts(_verify_features(12, 0))["overhead"]))
+            expected = 12 * 400e-6 if (runner == "v1" or charged_on_v2) else 0.0
+            assert extra == pytest.approx(expected, abs=1e-12)
