@@ -30,6 +30,8 @@ class Deployment(_Strict):
     precision: str | None = Field(None, description="weight precision override (bf16, fp8, mxfp8, int4, mxfp4, fp4); default: the checkpoint's own")
     kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
     tensor_parallel_size: int = Field(1, ge=1, le=64)
+    expert_parallel: bool = Field(False, description="vLLM --enable-expert-parallel: MoE experts are spread whole over "
+                                                     "the tensor-parallel GPUs instead of sliced (EP size = TP size)")
     replicas: int = Field(1, ge=1)
     router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
     gpu_overrides: dict[str, Any] = Field(default_factory=dict, description="e.g. {efficiency: {gemm: 0.6}, cost_per_gpu_hour_usd: 2.5}")

@@ -55,6 +55,9 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         gpu = gpu.with_overrides(**d.gpu_overrides)
     model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
     tp = d.tensor_parallel_size
+    if d.expert_parallel and not model.num_moe_layers:
+        raise CapacityError(f"deployment.expert_parallel is set but {d.model} has no MoE layers; remove it "
+                            "(expert parallelism only applies to mixture-of-experts models)")
     kv_split = 1 if model.uses_mla else tp
     if speculation is None:
         from capacity.drafting import build_speculation
@@ -87,7 +90,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill)
     memory["kv_cache_tokens"] = num_blocks * e.block_size
-    cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner))
+    cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
 
 

@@ -51,6 +51,15 @@ decode or prefill step is priced as before):
   verified position outside the roofline: attention tiles that re-read a sequence's KV once per
   BLOCK_Q query tokens (vLLM's triton unified attention), grouped-GEMM tile padding, the
   rejection sampler's passes over full-vocabulary logits.
+* Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
+  parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
+  every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
+  step waits for the busiest GPU. Under uniform routing the experts a GPU's tokens touch are
+  Binomial(E/EP, p) (p = the chance one expert is touched, as in `expected_distinct_experts`) and
+  the token-expert assignments it computes Binomial(n·k, 1/EP); the busiest of EP GPUs is priced
+  at mean + z_EP·sd (normal approximation, z_EP = expected maximum of EP standard normals).
+  Attention stays tensor-parallel and the MoE output is still all-reduced (naive all-to-all of
+  vLLM's TP+EP without DP), so the all-reduce term is unchanged.
 """
 
 from __future__ import annotations
@@ -106,6 +115,16 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
         return np.zeros_like(num_tokens, dtype=float)
     n = np.maximum(num_tokens, 0.0)
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
+
+
+def expected_max_std_normal(m: int) -> float:
+    """E[max of m independent standard normals] (0 for m = 1): ∫ x · m φ(x) Φ(x)^(m−1) dx."""
+    if m <= 1:
+        return 0.0
+    from scipy import integrate, stats
+
+    value, _ = integrate.quad(lambda x: x * m * stats.norm.pdf(x) * stats.norm.cdf(x) ** (m - 1), -12.0, 12.0)
+    return float(value)
 
 
 def _float_or_array(x):
@@ -344,10 +363,13 @@ class StepCostModel:
     def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1,
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
-                 model_runner: str = "v1"):
+                 model_runner: str = "v1", expert_parallel: bool = False):
         self.gpu = gpu
         self.model = model
         self.tp = int(tensor_parallel_size)
+        # expert parallelism over the tensor-parallel GPUs (module docstring); 1: experts are TP-sliced
+        self.ep = self.tp if expert_parallel and model.num_moe_layers else 1
+        self._ep_z = expected_max_std_normal(self.ep)
         self.verify_routing_exponent = float(verify_routing_exponent)
         self.state_snapshot_write_efficiency = float(state_snapshot_write_efficiency)
         # The profile's spec_seq_overhead_us is host work of vLLM's V1 model runner; the V2 runner
@@ -448,9 +470,11 @@ class StepCostModel:
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
             moe = eff[self.moe_efficiency_key]
-            parts["moe_gemm"] = np.maximum(
-                m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe),
-                m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe))
+            flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
+            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe)
+            if self.ep > 1:
+                flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
+            parts["moe_gemm"] = np.maximum(flops_s, bytes_s)
         parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
         if m.num_linear_attention_layers:
             parts["attention"] = parts["attention"] + self.snapshot_bytes(f) / (
@@ -469,6 +493,16 @@ class StepCostModel:
                                  * _float_or_array(f.verify_seqs)
                                  + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
         return parts
+
+    def _busiest_expert_gpu(self, flops_s, bytes_s, n_tok, experts):
+        """The mean per-GPU MoE times scaled to the busiest of the EP GPUs (module docstring)."""
+        m, ep, z = self.model, self.ep, self._ep_z
+        local = m.num_experts / ep                                   # experts per GPU
+        p = np.clip(experts / m.num_experts, 1e-12, 1.0)             # chance an expert is touched
+        touched = np.minimum(local, local * p + z * np.sqrt(local * p * (1.0 - p)))
+        assignments = np.maximum(n_tok * m.experts_per_token, 1.0)   # token-expert pairs, all GPUs
+        return (flops_s * (1.0 + z * np.sqrt((ep - 1) / assignments)),
+                bytes_s * touched / (local * p))
 
     def attention_time(self, attn_flops: np.ndarray | float, kv_read_bytes: np.ndarray | float,
                        efficiency: dict[str, float] | None = None) -> np.ndarray | float:
