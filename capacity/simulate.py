@@ -304,6 +304,8 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         env.run(until=cluster.all_done)
     else:
         env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
+    for r in cluster.replicas:
+        r.flush()                                   # requests still running at the horizon
     requests = _request_frame(cluster, stream)
     rec = [r.recorder for r in cluster.replicas]
     itl = np.concatenate([c for r in rec for c in r.itl_chunks]) if any(r.itl_chunks for r in rec) else np.zeros(0)
