@@ -286,9 +286,11 @@ def _int_rows(rows: list[list[int]]) -> np.ndarray:
     return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * 9).reshape(len(rows), 9)
 
 
-def _per_request(x: np.ndarray | int, n: int) -> np.ndarray:
-    """Tokens per scheduled request: an array, or one whole number for all n."""
-    return np.full(n, x, dtype=np.int64) if type(x) is int else x
+def _per_request(x: np.ndarray | list[int] | int, n: int) -> list[int]:
+    """Tokens per scheduled request as a list, from an array, a list or one whole number for all n."""
+    if type(x) is int:
+        return [x] * n
+    return x if type(x) is list else x.tolist()
 
 
 def _first(x: np.ndarray | float) -> float:
@@ -367,9 +369,10 @@ class Replica:
             if decode_k is not None and self.fast_forward and self.spec.supports_runs and not self.waiting:
                 yield from self._decode_run(decode_k)
                 continue
+            # a step's few requests as Python lists of whole numbers (priced in plain Python)
             new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
-            context_end = np.array([r[COMPUTED] for r in rows], dtype=np.int64) + new_tokens
-            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)),
+            context_end = [r[COMPUTED] + q for r, q in zip(rows, new_tokens)]
+            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + sum(num_spec)),
                                           num_spec=num_spec)
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
             cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
@@ -378,7 +381,7 @@ class Replica:
             self._update(ids, rows, new_tokens, num_spec)
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
                                    1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                                   int_sum(new_tokens), cost, features)
+                                   sum(new_tokens), cost, features)
 
     # ------------------------------------------------------------------ decode runs
     def _decode_run(self, k: int):
@@ -566,12 +569,8 @@ class Replica:
             if adm_ids:
                 decode_k = None
                 n = len(ids)
-                if type(new_tokens) is int:                  # one number for all running requests
-                    new_tokens = np.array([new_tokens] * n + adm_tokens, dtype=np.int64)
-                    num_spec = np.array([num_spec] * n + [0] * len(adm_ids), dtype=np.int64)
-                else:
-                    new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
-                    num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
+                new_tokens = _per_request(new_tokens, n) + adm_tokens
+                num_spec = _per_request(num_spec, n) + [0] * len(adm_ids)
                 if ids is self.running:                      # every running request was scheduled
                     ids = self.running = np.array(ids.tolist() + adm_ids, dtype=np.int64)
                     sched_rows = self._rows = self._rows + adm_rows
@@ -702,16 +701,16 @@ class Replica:
         return ids, tokens, rows
 
     # ------------------------------------------------------------------ update
-    def _update(self, ids: np.ndarray, counts: list[list[int]], new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
+    def _update(self, ids: np.ndarray, counts: list[list[int]], new_tokens: list[int], num_spec: list[int]) -> None:
         """After a step: the scheduled requests (`counts`: their rows, updated in place) computed
         `new_tokens` each; those whose known tokens are all computed sample (A + 1 tokens after
         verifying num_spec drafts). Request by request in plain Python (a batch is a handful of
         requests)."""
         t, now = self.table, self.env.now
-        spec = num_spec.tolist()
+        spec = num_spec
         emits: list[int] = []                                        # positions that sample tokens
         drafted: list[int] = []                                      # ... after verifying drafts
-        for i, (r, n) in enumerate(zip(counts, new_tokens.tolist())):
+        for i, (r, n) in enumerate(zip(counts, new_tokens)):
             c = r[COMPUTED] + n
             r[COMPUTED] = c
             if c >= r[PROMPT] + r[OUT]:                              # all known tokens computed
@@ -720,7 +719,8 @@ class Replica:
                     drafted.append(i)
         accepted = [0] * len(counts)
         if drafted:
-            d_ids, d_spec = (ids, num_spec) if len(drafted) == len(ids) else (ids[drafted], num_spec[drafted])
+            d_ids = ids if len(drafted) == len(ids) else ids[drafted]
+            d_spec = np.array(spec if len(drafted) == len(ids) else [spec[i] for i in drafted], dtype=np.int64)
             sampled = self.spec.sample_accepted(d_ids, d_spec, self.rng).tolist()
             for i, a in zip(drafted, sampled):
                 r = counts[i]

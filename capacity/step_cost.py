@@ -364,19 +364,28 @@ class StepCostModel:
                  num_sampled: float | None = None, num_spec: np.ndarray | None = None) -> StepFeatures:
         """new_tokens[i]: tokens sequence i contributes to this pass; context_tokens[i]: its context
         length at the end of the pass (prompt + output tokens computed, including these);
-        num_spec[i]: the drafts among them that sequence i verifies (None: no speculation)."""
-        new_tokens = np.asarray(new_tokens)
-        context_tokens = np.asarray(context_tokens)
+        num_spec[i]: the drafts among them that sequence i verifies (None: no speculation). Python
+        lists are taken as whole numbers (the engine's steps)."""
         n = len(new_tokens)
-        whole = n and _whole_numbers(new_tokens, context_tokens)
-        if whole and n <= AttentionTables.MAX_ROWS:     # a few sequences: plain Python, the same bits
-            q, c = new_tokens.tolist(), context_tokens.tolist()
+        few = 0 < n <= AttentionTables.MAX_ROWS
+        if few and type(new_tokens) is list and type(context_tokens) is list:
+            q, c = new_tokens, context_tokens
+        else:
+            new_tokens = np.asarray(new_tokens)
+            context_tokens = np.asarray(context_tokens)
+            whole = n and _whole_numbers(new_tokens, context_tokens)
+            few = few and whole
+            if few:
+                q, c = new_tokens.tolist(), context_tokens.tolist()
+        if few:                                         # a few sequences: plain Python, the same bits
             attn_sum, kv_sum = self.tables.sums(q, c)
+            if num_spec is not None and type(num_spec) is not list:
+                num_spec = np.asarray(num_spec).tolist()
             return StepFeatures(
                 num_tokens=float(sum(q)), num_seqs=float(n),
                 num_sampled=float(n if num_sampled is None else num_sampled),
                 attn_flops=attn_sum, kv_read_bytes=kv_sum,
-                verify_seqs=float(sum([s > 0 for s in np.asarray(num_spec).tolist()])) if num_spec is not None else 0.0)
+                verify_seqs=float(sum([s > 0 for s in num_spec])) if num_spec is not None else 0.0)
         if whole:
             attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
         elif n:
