@@ -339,8 +339,12 @@ class Replica:
         if self._rows:
             self.table.ints[self.running] = _int_rows(self._rows)
 
-    def _leave(self, gone: list[list[int]]) -> None:
-        """Drop these rows (finished requests, already written back) from the running batch."""
+    def _leave(self, ids: np.ndarray, gone: list[list[int]]) -> None:
+        """Finished requests (`ids`, their rows `gone`) leave the batch: their counts are written back."""
+        if len(gone) == 1:
+            self.table.ints[ids[0]] = gone[0]
+        else:
+            self.table.ints[ids] = _int_rows(gone)
         gone_ids = {id(r) for r in gone}
         keep = [i for i, r in enumerate(self._rows) if id(r) not in gone_ids]
         self.running = self.running[keep]
@@ -399,7 +403,7 @@ class Replica:
         t, env = self.table, self.env
         ids, counts = self.running, self._rows
         B = len(ids)
-        c0 = np.array([r[COMPUTED] for r in counts], dtype=np.int64)
+        c0k = np.array([r[COMPUTED] + k for r in counts], dtype=np.int64)   # context before the run, + k
         remaining = [r[TARGET] - r[OUT] for r in counts]
         K = min(self.max_run_steps, min(remaining))
         if k:
@@ -408,10 +412,11 @@ class Replica:
             steps_before_finish = _add_reduce(emitted < np.array(remaining, dtype=np.int64), 0)  # per request
             K = min(K, int_min(steps_before_finish) + 1)
             accepted, emitted = accepted[:K], emitted[:K]
-            ctx = c0 + emitted - accepted + k                        # context at the end of step j
+            ctx = emitted - accepted                                 # context at the end of step j: c0 + k + this
+            ctx += c0k
         else:                                                        # one token per step: the shortest finishes at K
             emitted = np.arange(1, K + 1)[:, None]
-            ctx = c0 + emitted
+            ctx = c0k + emitted
         look = self.spec.lookahead_tokens(k)
         last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
         if K > 1 and sum([b - r[BLOCKS] for b, r in zip(last_blocks, counts) if b > r[BLOCKS]]) > self.free_blocks:
@@ -425,8 +430,8 @@ class Replica:
                 accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
-        if all(type(x) is float for x in (features.num_tokens, features.num_seqs, features.num_sampled,
-                                          features.verify_seqs)):
+        if type(features.num_tokens) is float and type(features.num_seqs) is float \
+                and type(features.num_sampled) is float and type(features.verify_seqs) is float:
             step = features                                          # one value for all steps already
         else:
             step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
@@ -438,7 +443,8 @@ class Replica:
         if not isinstance(durations, np.ndarray) or durations.ndim == 0:
             durations = np.full(K, float(durations))
         start = env.now
-        ends = start + durations.cumsum()
+        ends = durations.cumsum()
+        ends += start
         self._in_run = True
         try:
             yield env.timeout(ends[-1] - start)
@@ -494,8 +500,7 @@ class Replica:
             d_ids = ids[done]
             t.finish[d_ids] = ends[-1]
             t.finish_step[d_ids] = first_step + K - 1
-            t.ints[d_ids] = _int_rows(gone)
-            self._leave(gone)
+            self._leave(d_ids, gone)
             self.on_finish(d_ids)
 
     # ------------------------------------------------------------------ schedule
@@ -513,9 +518,10 @@ class Replica:
         if len(run):
             # known tokens not computed yet (>= 1): 1 for a decoding request
             n_decoding = [r[PROMPT] + r[OUT] - r[COMPUTED] for r in counts].count(1)
-            k = self.spec.num_spec_tokens(len(run), sum([r[COMPUTED] for r in counts]) / len(run)) if n_decoding else 0
+            computed = [r[COMPUTED] for r in counts]
+            k = self.spec.num_spec_tokens(len(run), sum(computed) / len(run)) if n_decoding else 0
             if n_decoding == len(run):
-                fast = self._schedule_decodes(counts, k, budget)
+                fast = self._schedule_decodes(counts, computed, k, budget)
         if fast is not None:                                 # the usual step: every running request decodes
             ids, new_tokens, num_spec, decode_k, budget = fast
         elif len(run):
@@ -582,8 +588,9 @@ class Replica:
                     sched_rows = sched_rows + adm_rows
         return ids, sched_rows, new_tokens, num_spec, decode_k
 
-    def _schedule_decodes(self, counts: list[list[int]], k: int, budget: int) -> tuple | None:
-        """_schedule's running loop when every running request decodes (`counts`: their rows) and
+    def _schedule_decodes(self, counts: list[list[int]], computed: list[int], k: int, budget: int) -> tuple | None:
+        """_schedule's running loop when every running request decodes (`counts`: their rows,
+        `computed`: their COMPUTED column) and
         asks for 1 + k tokens, in plain Python for the few requests of a batch. Returns (ids, tokens
         per request, drafts per request, decode_k, budget left), the numbers per request as one int
         for all, or None when the step is not that simple (the budget is short or a request would be
@@ -598,7 +605,6 @@ class Replica:
         if total > budget:
             return None
         lookahead = self.spec.lookahead_tokens(k)
-        computed = [r[COMPUTED] for r in counts]
         if lookahead and min(computed) > 0:
             want = self._kv_blocks(computed, sched + lookahead)
         elif lookahead:
@@ -761,6 +767,5 @@ class Replica:
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
             self.free_blocks += freed
-            t.ints[d_ids] = _int_rows(gone)
-            self._leave(gone)
+            self._leave(d_ids, gone)
             self.on_finish(d_ids)

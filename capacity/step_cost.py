@@ -271,18 +271,20 @@ class AttentionTables:
         input, which the function reports)."""
         out: list[float] = []
         rest: list[int] = []
-        whole, chunk = self._whole, self._chunk
+        whole, chunk, max_chunk = self._whole, self._chunk, self.MAX_CHUNK
         for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
             if q == c >= 0:
                 table = whole
-            elif 0 <= q <= self.MAX_CHUNK and c >= q:
+            elif 0 <= q <= max_chunk and c >= q:
                 table = chunk.get(q) or self.chunk(q)
             else:
                 rest.append(i)
                 out.append(0.0)
                 continue
-            values = table._list
-            out.append(values[c] if values is not None and c < len(values) else table.lookup([c])[0])
+            try:
+                out.append(table._list[c])
+            except (TypeError, IndexError):                         # no list yet, or c beyond it
+                out.append(table.lookup([c])[0])
         if rest:
             direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
@@ -405,7 +407,7 @@ class StepCostModel:
         k, b = context_tokens.shape
         m = self.model
         n = float(b * tokens_per_seq)
-        if _whole_numbers(context_tokens) and isinstance(tokens_per_seq, (int, np.integer)):
+        if context_tokens.dtype.kind in "iu" and isinstance(tokens_per_seq, (int, np.integer)):
             attn, kv = self.tables.chunk(int(tokens_per_seq))[context_tokens], self.tables.kv[context_tokens]
         else:
             attn = m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)
