@@ -558,7 +558,8 @@ class DraftCost:
                detail: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, ArrayLike]:
         """Seconds by part. Scalars are priced in Python floats and arrays elementwise (unused parts
         are 0.0): the same arithmetic either way, so a step costs the same bits in both."""
-        B, T, C, N = (_scalar_or_array(x) for x in (B, T, C, N))
+        if not (type(B) is float and type(T) is float and type(C) is float and type(N) is float):   # (a step's)
+            B, T, C, N = (_scalar_or_array(x) for x in (B, T, C, N))
         on = (N > 0) & (B > 0)
         parts: dict[str, ArrayLike] = dict.fromkeys(PART_KEYS, 0.0)
         m = self.method

@@ -426,8 +426,6 @@ class Replica:
             K = 1 + int(np.argmin(need <= self.free_blocks))
             emitted, ctx = emitted[:K], ctx[:K]
             last_blocks = None
-            if k:
-                accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
         if type(features.num_tokens) is float and type(features.num_seqs) is float \
@@ -454,8 +452,6 @@ class Replica:
                 K = done + 1
                 emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
                 last_blocks = None
-                if k:
-                    accepted = accepted[:K]
             if ends[-1] > env.now:
                 yield env.timeout(ends[-1] - env.now)
         self._in_run = False
@@ -464,7 +460,6 @@ class Replica:
         if last_blocks is None:
             last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
         emitted_l = emitted[-1].tolist() if k else [K] * B            # tokens out per request
-        accepted_l = _add_reduce(accepted, 0).tolist() if k else None
         grown = 0
         done: list[int] = []                                         # positions in the batch
         for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks)):
@@ -480,7 +475,7 @@ class Replica:
             r[CHUNKS] += K
             if k:
                 r[DRAFTED] += k * K
-                r[ACCEPTED] += accepted_l[i]
+                r[ACCEPTED] += e - K                                 # e: K steps of 1 + accepted drafts
                 r[SPEC_STEPS] += K
         self.free_blocks -= grown
         rec = self.recorder
