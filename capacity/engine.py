@@ -324,7 +324,10 @@ class Replica:
         self.free_blocks = limits.num_gpu_blocks
         self.recorder = StepRecorder()
         self._wakeup: simpy.Event | None = None
-        self._in_run = False
+        self._in_run = False                       # in a decode run that an arrival must interrupt
+        # when the next arrival comes, if it is known ahead to come to this replica (else None); set by
+        # the Cluster for an open loop (Cluster.next_arrival_for)
+        self.next_arrival: Callable[[Replica], float | None] | None = None
         self.fast_forward = True
         self.max_run_steps = 512
         self.process = env.process(self._run())
@@ -443,18 +446,28 @@ class Replica:
         start = env.now
         ends = durations.cumsum()
         ends += start
+        priced = K
+        # An arrival known ahead to come here ends the run after the step in progress, as its
+        # interrupt would, without one. The run then ends at start + (end - start), the interrupted
+        # one at arrival + (end - arrival): both exactly `end` when start >= end / 2 (Sterbenz), so
+        # only then; otherwise the arrival interrupts.
+        arrival = self.next_arrival(self) if self.next_arrival is not None else None
         self._in_run = True
+        if arrival is not None and arrival < ends[-1]:
+            cut = min(K, int(ends.searchsorted(arrival, side="right")) + 1)
+            if start >= 0.5 * ends[cut - 1]:
+                K = cut
+                self._in_run = False
         try:
-            yield env.timeout(ends[-1] - start)
+            yield env.timeout(ends[K - 1] - start)
         except simpy.Interrupt:
-            done = int(ends.searchsorted(env.now, side="right"))
-            if done + 1 < K:                                         # finish the step in progress
-                K = done + 1
-                emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
-                last_blocks = None
-            if ends[-1] > env.now:
-                yield env.timeout(ends[-1] - env.now)
+            K = min(K, int(ends.searchsorted(env.now, side="right")) + 1)   # finish the step in progress
+            if ends[K - 1] > env.now:
+                yield env.timeout(ends[K - 1] - env.now)
         self._in_run = False
+        if K < priced:                                               # cut short by an arrival
+            emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
+            last_blocks = None
         # apply K steps, request by request in plain Python (a handful of integers each: numpy's
         # per-call cost would dwarf the additions)
         if last_blocks is None:
