@@ -786,6 +786,9 @@ class SpeculativeDecoding:
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.acceptance.sample_steps(ids, num_spec, num_steps, rng), dtype=np.int64)
 
+    def skip_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> None:
+        self.acceptance.skip_steps(ids, num_spec, num_steps, rng)   # (runs need a stateless model: supports_runs)
+
     def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
                          num_spec: int) -> np.ndarray:
         if num_spec > 0 and isinstance(num_seqs, (int, np.integer)) and isinstance(target_tokens, (float, int)) \

@@ -410,10 +410,22 @@ class Replica:
         remaining = [r[TARGET] - r[OUT] for r in counts]
         K = min(self.max_run_steps, min(remaining))
         if k:
-            accepted = self.spec.sample_steps(ids, k, K, self.rng)
+            # The run's K steps' samples are one stream of draws, taken in two parts: the steps where the
+            # first request usually finishes (at >= 2 tokens a step), then the rest, sampled only when
+            # nobody finished in the first part and otherwise skipped (drawn and dropped, the same stream).
+            head = min(K, min(remaining) // 2 + 1)
+            rem = np.array(remaining, dtype=np.int64)
+            accepted = self.spec.sample_steps(ids, k, head, self.rng)
             emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
-            steps_before_finish = _add_reduce(emitted < np.array(remaining, dtype=np.int64), 0)  # per request
-            K = min(K, int_min(steps_before_finish) + 1)
+            first = int_min(_add_reduce(emitted < rem, 0))           # steps before the first finish
+            if head < K:
+                if first < head:
+                    self.spec.skip_steps(ids, k, K - head, self.rng)
+                else:
+                    accepted = np.concatenate([accepted, self.spec.sample_steps(ids, k, K - head, self.rng)])
+                    emitted = (accepted + 1).cumsum(axis=0)
+                    first = int_min(_add_reduce(emitted < rem, 0))
+            K = min(K, first + 1)
             accepted, emitted = accepted[:K], emitted[:K]
             ctx = emitted - accepted                                 # context at the end of step j: c0 + k + this
             ctx += c0k
