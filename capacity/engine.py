@@ -399,8 +399,9 @@ class Replica:
         arrives: the batch stays the same and each context grows by the tokens the step emits
         (1 + accepted drafts, drawn ahead with the acceptance model). This prices up to
         `max_run_steps` such steps with one vectorised call and waits for them with one event.
-        An arrival interrupts the run; the step in progress completes, as in vLLM, and the
-        scheduler resumes after it. The first step's KV blocks were allocated by _schedule().
+        An arrival interrupts the run (or, when it is known ahead to come here, cuts it when it is
+        set up: `next_arrival`); the step in progress completes, as in vLLM, and the scheduler
+        resumes after it. The first step's KV blocks were allocated by _schedule().
         The batch is every running request (self.running, their counts self._rows).
         """
         t, env = self.table, self.env
