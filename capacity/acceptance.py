@@ -220,6 +220,11 @@ class _Stateless:
         ids, spec = _ids_spec(ids, num_spec)
         return self._accept(rng.random((int(num_steps), len(ids))), spec)
 
+    def skip_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> None:
+        """Advance `rng` as `sample_steps` with these arguments would, without the samples (they are
+        drawn and dropped: one uniform per step and request)."""
+        rng.random((int(num_steps), len(ids)))
+
 
 # --------------------------------------------------------------------------------------------------
 # M0, M1, M4

@@ -558,7 +558,8 @@ class DraftCost:
                detail: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, ArrayLike]:
         """Seconds by part. Scalars are priced in Python floats and arrays elementwise (unused parts
         are 0.0): the same arithmetic either way, so a step costs the same bits in both."""
-        B, T, C, N = (_scalar_or_array(x) for x in (B, T, C, N))
+        if not (type(B) is float and type(T) is float and type(C) is float and type(N) is float):   # (a step's)
+            B, T, C, N = (_scalar_or_array(x) for x in (B, T, C, N))
         on = (N > 0) & (B > 0)
         parts: dict[str, ArrayLike] = dict.fromkeys(PART_KEYS, 0.0)
         m = self.method
@@ -746,18 +747,23 @@ class SpeculativeDecoding:
         this batch (a step of prefills still drafts for the requests whose prompt completes)."""
         if len(ids) == 0:
             return StepTime({})
-        context_tokens = np.asarray(context_tokens)
-        new_tokens = np.asarray(new_tokens)
-        few = len(ids) <= AttentionTables.MAX_ROWS and context_tokens.dtype.kind in "iu" \
-            and new_tokens.dtype.kind in "iu"
+        few = len(ids) <= AttentionTables.MAX_ROWS
+        if not (few and type(context_tokens) is list and type(new_tokens) is list):   # lists: whole numbers
+            context_tokens = np.asarray(context_tokens)
+            new_tokens = np.asarray(new_tokens)
+            few = few and context_tokens.dtype.kind in "iu" and new_tokens.dtype.kind in "iu"
+            if few:
+                context_tokens, new_tokens = context_tokens.tolist(), new_tokens.tolist()
         if few:                                 # the engine's steps: Python lists, priced in plain Python
-            context_tokens, new_tokens = context_tokens.tolist(), new_tokens.tolist()
             self._last_mean_context = sum(context_tokens) / len(context_tokens)
         else:
             whole = context_tokens.dtype.kind in "iu"
             self._last_mean_context = int_sum(context_tokens) / len(context_tokens) if whole \
                 else float(context_tokens.mean())   # the same number, faster
-        n = max(num_spec.tolist(), default=0) if isinstance(num_spec, np.ndarray) else int(np.max(num_spec, initial=0))
+        if type(num_spec) is list or isinstance(num_spec, np.ndarray):
+            n = max(num_spec if type(num_spec) is list else num_spec.tolist(), default=0)
+        else:
+            n = int(np.max(num_spec, initial=0))
         if n <= 0:
             n = self.num_spec_tokens(len(ids), self._last_mean_context)
         if n <= 0:
@@ -779,6 +785,9 @@ class SpeculativeDecoding:
 
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.acceptance.sample_steps(ids, num_spec, num_steps, rng), dtype=np.int64)
+
+    def skip_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> None:
+        self.acceptance.skip_steps(ids, num_spec, num_steps, rng)   # (runs need a stateless model: supports_runs)
 
     def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
                          num_spec: int) -> np.ndarray:

@@ -17,8 +17,10 @@ Each step follows vLLM v1's `Scheduler.schedule()` (vllm/v1/core/sched/scheduler
    streamed chunk; finished requests free their blocks.
 
 The per-request state lives in a RequestTable (struct of arrays shared by all replicas of a
-cluster); a replica only keeps the ids of its running requests (in vLLM's order) and a FCFS
-deque of waiting ids.
+cluster); a replica keeps the ids of its running requests (in vLLM's order) and a FCFS deque of
+waiting ids. While a request runs, its counts (its RequestTable.ints row) are kept by the replica
+as a Python list, updated in place every step, and written back to the table when the request
+leaves the batch (finished or preempted) or at `Replica.flush()` (the end of a simulation).
 """
 
 from __future__ import annotations
@@ -57,8 +59,8 @@ class RequestTable:
     """Per-request state of one simulation, as numpy arrays indexed by request id.
 
     The counts the engine updates every step share one 2-D array, `ints` (one row per request,
-    columns PROMPT, TARGET, ...), so that a step reads and writes a batch's rows in one go; the
-    named attributes (`prompt`, `out`, ...) are views of its columns."""
+    columns PROMPT, TARGET, ...); the named attributes (`prompt`, `out`, ...) are views of its
+    columns. A running request's row is stale until its replica writes it back (Replica.flush)."""
 
     def __init__(self, prompt_tokens: np.ndarray, output_tokens: np.ndarray, arrival_s: np.ndarray):
         n = len(prompt_tokens)
@@ -284,9 +286,11 @@ def _int_rows(rows: list[list[int]]) -> np.ndarray:
     return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=len(rows) * 9).reshape(len(rows), 9)
 
 
-def _per_request(x: np.ndarray | int, n: int) -> np.ndarray:
-    """Tokens per scheduled request: an array, or one whole number for all n."""
-    return np.full(n, x, dtype=np.int64) if type(x) is int else x
+def _per_request(x: np.ndarray | list[int] | int, n: int) -> list[int]:
+    """Tokens per scheduled request as a list, from an array, a list or one whole number for all n."""
+    if type(x) is int:
+        return [x] * n
+    return x if type(x) is list else x.tolist()
 
 
 def _first(x: np.ndarray | float) -> float:
@@ -315,11 +319,15 @@ class Replica:
         self.rng = rng
         self.spec = speculation or NoSpeculation()
         self.running = np.zeros(0, dtype=np.int64)
+        self._rows: list[list[int]] = []           # the running requests' counts (ints rows), in order
         self.waiting: deque[int] = deque()
         self.free_blocks = limits.num_gpu_blocks
         self.recorder = StepRecorder()
         self._wakeup: simpy.Event | None = None
-        self._in_run = False
+        self._in_run = False                       # in a decode run that an arrival must interrupt
+        # when the next arrival comes, if it is known ahead to come to this replica (else None); set by
+        # the Cluster for an open loop (Cluster.next_arrival_for)
+        self.next_arrival: Callable[[Replica], float | None] | None = None
         self.fast_forward = True
         self.max_run_steps = 512
         self.process = env.process(self._run())
@@ -328,6 +336,22 @@ class Replica:
     @property
     def outstanding(self) -> int:
         return len(self.running) + len(self.waiting)
+
+    def flush(self) -> None:
+        """Write the running requests' counts back to the table (they are kept in self._rows)."""
+        if self._rows:
+            self.table.ints[self.running] = _int_rows(self._rows)
+
+    def _leave(self, ids: np.ndarray, gone: list[list[int]]) -> None:
+        """Finished requests (`ids`, their rows `gone`) leave the batch: their counts are written back."""
+        if len(gone) == 1:
+            self.table.ints[ids[0]] = gone[0]
+        else:
+            self.table.ints[ids] = _int_rows(gone)
+        gone_ids = {id(r) for r in gone}
+        keep = [i for i, r in enumerate(self._rows) if id(r) not in gone_ids]
+        self.running = self.running[keep]
+        self._rows = [self._rows[i] for i in keep]
 
     def submit(self, request_id: int) -> None:
         self.table.replica[request_id] = self.index
@@ -346,28 +370,28 @@ class Replica:
                 self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
-            ids, new_tokens, num_spec, decode_k = self._schedule()
+            ids, rows, new_tokens, num_spec, decode_k = self._schedule()
             if len(ids) == 0:
                 raise RuntimeError("scheduler made no progress")  # guarded by the KV-fit check
-            t = self.table
             if decode_k is not None and self.fast_forward and self.spec.supports_runs and not self.waiting:
-                yield from self._decode_run(ids, decode_k)
+                yield from self._decode_run(decode_k)
                 continue
+            # a step's few requests as Python lists of whole numbers (priced in plain Python)
             new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
-            context_end = t.computed[ids] + new_tokens
-            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + int_sum(num_spec)),
+            context_end = [r[COMPUTED] + q for r, q in zip(rows, new_tokens)]
+            features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + sum(num_spec)),
                                           num_spec=num_spec)
             cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
             cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
             dt = cost.total_s
             yield env.timeout(dt)
-            self._update(ids, new_tokens, num_spec)
+            self._update(ids, rows, new_tokens, num_spec)
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
                                    1.0 - self.free_blocks / self.limits.num_gpu_blocks,
-                                   int_sum(new_tokens), cost, features)
+                                   sum(new_tokens), cost, features)
 
     # ------------------------------------------------------------------ decode runs
-    def _decode_run(self, ids: np.ndarray, k: int):
+    def _decode_run(self, k: int):
         """A run of identical-shape decode steps, priced and applied at once.
 
         When every running request is decoding (1 + k tokens each) and nobody waits, the next
@@ -375,40 +399,53 @@ class Replica:
         arrives: the batch stays the same and each context grows by the tokens the step emits
         (1 + accepted drafts, drawn ahead with the acceptance model). This prices up to
         `max_run_steps` such steps with one vectorised call and waits for them with one event.
-        An arrival interrupts the run; the step in progress completes, as in vLLM, and the
-        scheduler resumes after it. The first step's KV blocks were allocated by _schedule().
+        An arrival interrupts the run (or, when it is known ahead to come here, cuts it when it is
+        set up: `next_arrival`); the step in progress completes, as in vLLM, and the scheduler
+        resumes after it. The first step's KV blocks were allocated by _schedule().
+        The batch is every running request (self.running, their counts self._rows).
         """
         t, env = self.table, self.env
+        ids, counts = self.running, self._rows
         B = len(ids)
-        rows = t.ints[ids]                                           # this batch's counts (a copy)
-        counts = rows.tolist()
-        c0, held = rows[:, COMPUTED], rows[:, BLOCKS]
-        remaining = rows[:, TARGET] - rows[:, OUT]
-        K = min(self.max_run_steps, min([r[TARGET] - r[OUT] for r in counts]))
+        c0k = np.array([r[COMPUTED] + k for r in counts], dtype=np.int64)   # context before the run, + k
+        remaining = [r[TARGET] - r[OUT] for r in counts]
+        K = min(self.max_run_steps, min(remaining))
         if k:
-            accepted = self.spec.sample_steps(ids, k, K, self.rng)
+            # The run's K steps' samples are one stream of draws, taken in two parts: the steps where the
+            # first request usually finishes (at >= 2 tokens a step), then the rest, sampled only when
+            # nobody finished in the first part and otherwise skipped (drawn and dropped, the same stream).
+            head = min(K, min(remaining) // 2 + 1)
+            rem = np.array(remaining, dtype=np.int64)
+            accepted = self.spec.sample_steps(ids, k, head, self.rng)
             emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
-            steps_before_finish = _add_reduce(emitted < remaining, 0)  # per request
-            K = min(K, int_min(steps_before_finish) + 1)
+            first = int_min(_add_reduce(emitted < rem, 0))           # steps before the first finish
+            if head < K:
+                if first < head:
+                    self.spec.skip_steps(ids, k, K - head, self.rng)
+                else:
+                    accepted = np.concatenate([accepted, self.spec.sample_steps(ids, k, K - head, self.rng)])
+                    emitted = (accepted + 1).cumsum(axis=0)
+                    first = int_min(_add_reduce(emitted < rem, 0))
+            K = min(K, first + 1)
             accepted, emitted = accepted[:K], emitted[:K]
-            ctx = c0 + emitted - accepted + k                        # context at the end of step j
+            ctx = emitted - accepted                                 # context at the end of step j: c0 + k + this
+            ctx += c0k
         else:                                                        # one token per step: the shortest finishes at K
             emitted = np.arange(1, K + 1)[:, None]
-            ctx = c0 + emitted
+            ctx = c0k + emitted
         look = self.spec.lookahead_tokens(k)
         last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
         if K > 1 and sum([b - r[BLOCKS] for b, r in zip(last_blocks, counts) if b > r[BLOCKS]]) > self.free_blocks:
             # blocks needed grow step by step: stop before the first step that would preempt
+            held = np.array([r[BLOCKS] for r in counts], dtype=np.int64)
             need = np.maximum(self._blocks[ctx[1:] + look] - held, 0).sum(axis=1)
             K = 1 + int(np.argmin(need <= self.free_blocks))
             emitted, ctx = emitted[:K], ctx[:K]
             last_blocks = None
-            if k:
-                accepted = accepted[:K]
         features = self.cost.decode_features(ctx, 1 + k)
         # the batch is fixed, so only attention changes from step to step
-        if all(type(x) is float for x in (features.num_tokens, features.num_seqs, features.num_sampled,
-                                          features.verify_seqs)):
+        if type(features.num_tokens) is float and type(features.num_seqs) is float \
+                and type(features.num_sampled) is float and type(features.verify_seqs) is float:
             step = features                                          # one value for all steps already
         else:
             step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
@@ -420,27 +457,35 @@ class Replica:
         if not isinstance(durations, np.ndarray) or durations.ndim == 0:
             durations = np.full(K, float(durations))
         start = env.now
-        ends = start + durations.cumsum()
+        ends = durations.cumsum()
+        ends += start
+        priced = K
+        # An arrival known ahead to come here ends the run after the step in progress, as its
+        # interrupt would, without one. The run then ends at start + (end - start), the interrupted
+        # one at arrival + (end - arrival): both exactly `end` when start >= end / 2 (Sterbenz), so
+        # only then; otherwise the arrival interrupts.
+        arrival = self.next_arrival(self) if self.next_arrival is not None else None
         self._in_run = True
+        if arrival is not None and arrival < ends[-1]:
+            cut = min(K, int(ends.searchsorted(arrival, side="right")) + 1)
+            if start >= 0.5 * ends[cut - 1]:
+                K = cut
+                self._in_run = False
         try:
-            yield env.timeout(ends[-1] - start)
+            yield env.timeout(ends[K - 1] - start)
         except simpy.Interrupt:
-            done = int(ends.searchsorted(env.now, side="right"))
-            if done + 1 < K:                                         # finish the step in progress
-                K = done + 1
-                emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
-                last_blocks = None
-                if k:
-                    accepted = accepted[:K]
-            if ends[-1] > env.now:
-                yield env.timeout(ends[-1] - env.now)
+            K = min(K, int(ends.searchsorted(env.now, side="right")) + 1)   # finish the step in progress
+            if ends[K - 1] > env.now:
+                yield env.timeout(ends[K - 1] - env.now)
         self._in_run = False
+        if K < priced:                                               # cut short by an arrival
+            emitted, ctx, ends, durations = emitted[:K], ctx[:K], ends[:K], durations[:K]
+            last_blocks = None
         # apply K steps, request by request in plain Python (a handful of integers each: numpy's
         # per-call cost would dwarf the additions)
         if last_blocks is None:
             last_blocks = self._kv_blocks(ctx[-1].tolist(), look)
         emitted_l = emitted[-1].tolist() if k else [K] * B            # tokens out per request
-        accepted_l = _add_reduce(accepted, 0).tolist() if k else None
         grown = 0
         done: list[int] = []                                         # positions in the batch
         for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks)):
@@ -456,18 +501,17 @@ class Replica:
             r[CHUNKS] += K
             if k:
                 r[DRAFTED] += k * K
-                r[ACCEPTED] += accepted_l[i]
+                r[ACCEPTED] += e - K                                 # e: K steps of 1 + accepted drafts
                 r[SPEC_STEPS] += K
         self.free_blocks -= grown
         rec = self.recorder
         first_step = rec.num_steps
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, step, K,
                     parts["draft"] if k else None)
-        if done:
-            for i in done:                                           # finished requests free their blocks
-                self.free_blocks += counts[i][BLOCKS]
-                counts[i][BLOCKS] = 0
-        t.ints[ids] = _int_rows(counts)
+        gone = [counts[i] for i in done]
+        for r in gone:                                               # finished requests free their blocks
+            self.free_blocks += r[BLOCKS]
+            r[BLOCKS] = 0
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
             gaps.append(durations[1:].repeat(B))
@@ -477,31 +521,32 @@ class Replica:
             d_ids = ids[done]
             t.finish[d_ids] = ends[-1]
             t.finish_step[d_ids] = first_step + K - 1
-            self.running = ids[[i for i in range(B) if i not in done]]   # a run schedules every running request, in order
+            self._leave(d_ids, gone)
             self.on_finish(d_ids)
 
     # ------------------------------------------------------------------ schedule
-    def _schedule(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int | None]:
-        """Returns (scheduled ids, tokens per id, speculative tokens per id) in vLLM order, and the
-        drafts per request k when the step is a decode step of every running request (1 + k tokens
-        each, nobody preempted or admitted: a run can start), else None."""
-        t, lim = self.table, self.limits
+    def _schedule(self) -> tuple[np.ndarray, list[list[int]], np.ndarray, np.ndarray, int | None]:
+        """Returns (scheduled ids, their counts rows, tokens per id, speculative tokens per id) in vLLM
+        order, and the drafts per request k when the step is a decode step of every running request
+        (1 + k tokens each, nobody preempted or admitted: a run can start), else None."""
+        lim = self.limits
         budget = lim.max_num_batched_tokens
         run = self.running
         preempted = False
         decode_k = None
         fast = None
+        sched_rows = counts = self._rows
         if len(run):
-            rows = t.ints[run]
-            counts = rows.tolist()
             # known tokens not computed yet (>= 1): 1 for a decoding request
             n_decoding = [r[PROMPT] + r[OUT] - r[COMPUTED] for r in counts].count(1)
-            k = self.spec.num_spec_tokens(len(run), sum([r[COMPUTED] for r in counts]) / len(run)) if n_decoding else 0
+            computed = [r[COMPUTED] for r in counts]
+            k = self.spec.num_spec_tokens(len(run), sum(computed) / len(run)) if n_decoding else 0
             if n_decoding == len(run):
-                fast = self._schedule_decodes(counts, k, budget)
+                fast = self._schedule_decodes(counts, computed, k, budget)
         if fast is not None:                                 # the usual step: every running request decodes
             ids, new_tokens, num_spec, decode_k, budget = fast
         elif len(run):
+            rows = _int_rows(counts)
             computed, out = rows[:, COMPUTED], rows[:, OUT]
             need = rows[:, PROMPT] + out - computed
             all_decoding = n_decoding == len(run)
@@ -530,15 +575,16 @@ class Replica:
                 extra = extra * keep
                 grow_blocks = int_sum(extra)
             if grow_blocks:
-                grow = extra > 0
                 self.free_blocks -= grow_blocks
-                t.blocks[run[grow]] = want_blocks[grow]
+                for i in np.flatnonzero(extra).tolist():
+                    self._rows[i][BLOCKS] = int(want_blocks[i])
             if keep is None:
-                ids, new_tokens = run, sched
+                ids, new_tokens, sched_rows = run, sched, self._rows
                 num_spec = spec if threshold == 0 else np.minimum(spec, np.maximum(sched - 1, 0))
                 budget -= total
             else:
                 ids, new_tokens = run[keep], sched[keep]
+                sched_rows = [self._rows[i] for i in np.flatnonzero(keep).tolist()]
                 num_spec = np.minimum(spec[keep], np.maximum(new_tokens - 1, 0))
                 budget -= int_sum(new_tokens)
             if all_decoding and keep is None and all_true(out > 0):
@@ -546,26 +592,26 @@ class Replica:
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)
         if not preempted and self.waiting:
-            adm_ids, adm_tokens = self._admit(budget)
+            adm_ids, adm_tokens, adm_rows = self._admit(budget)
             if adm_ids:
                 decode_k = None
                 n = len(ids)
-                if type(new_tokens) is int:                  # one number for all running requests
-                    new_tokens = np.array([new_tokens] * n + adm_tokens, dtype=np.int64)
-                    num_spec = np.array([num_spec] * n + [0] * len(adm_ids), dtype=np.int64)
-                else:
-                    new_tokens = np.concatenate([new_tokens, np.array(adm_tokens, dtype=np.int64)])
-                    num_spec = np.concatenate([num_spec, np.zeros(len(adm_ids), dtype=np.int64)])
+                new_tokens = _per_request(new_tokens, n) + adm_tokens
+                num_spec = _per_request(num_spec, n) + [0] * len(adm_ids)
                 if ids is self.running:                      # every running request was scheduled
                     ids = self.running = np.array(ids.tolist() + adm_ids, dtype=np.int64)
+                    sched_rows = self._rows = self._rows + adm_rows
                 else:
                     a_ids = np.array(adm_ids, dtype=np.int64)
                     self.running = np.concatenate([self.running, a_ids])
                     ids = np.concatenate([ids, a_ids])
-        return ids, new_tokens, num_spec, decode_k
+                    self._rows = self._rows + adm_rows
+                    sched_rows = sched_rows + adm_rows
+        return ids, sched_rows, new_tokens, num_spec, decode_k
 
-    def _schedule_decodes(self, counts: list[list[int]], k: int, budget: int) -> tuple | None:
-        """_schedule's running loop when every running request decodes (`counts`: their rows) and
+    def _schedule_decodes(self, counts: list[list[int]], computed: list[int], k: int, budget: int) -> tuple | None:
+        """_schedule's running loop when every running request decodes (`counts`: their rows,
+        `computed`: their COMPUTED column) and
         asks for 1 + k tokens, in plain Python for the few requests of a batch. Returns (ids, tokens
         per request, drafts per request, decode_k, budget left), the numbers per request as one int
         for all, or None when the step is not that simple (the budget is short or a request would be
@@ -580,7 +626,6 @@ class Replica:
         if total > budget:
             return None
         lookahead = self.spec.lookahead_tokens(k)
-        computed = [r[COMPUTED] for r in counts]
         if lookahead and min(computed) > 0:
             want = self._kv_blocks(computed, sched + lookahead)
         elif lookahead:
@@ -596,7 +641,9 @@ class Replica:
             return None
         if grow:
             self.free_blocks -= grow
-            self.table.blocks[run] = [w if w > h else h for w, h in zip(want, held)]
+            for r, w, h in zip(counts, want, held):
+                if w > h:
+                    r[BLOCKS] = w
         num_spec = k if threshold == 0 else min(k, max(sched - 1, 0))
         decode_k = num_spec if min([r[OUT] for r in counts]) > 0 else None
         return run, sched, num_spec, decode_k, budget - total
@@ -613,7 +660,6 @@ class Replica:
 
     def _allocate_with_preemption(self, sched: np.ndarray, extra: np.ndarray) -> tuple[np.ndarray, bool]:
         """vLLM's running loop when blocks run out: preempt the last running request and retry."""
-        t = self.table
         keep = np.zeros(len(sched), dtype=bool)
         preempted = False
         i = 0
@@ -624,9 +670,8 @@ class Replica:
                 i += 1
                 continue
             while extra[i] > free:
-                victim = self.running[n - 1]
-                free += int(t.blocks[victim])
-                self._preempt(victim)
+                free += self._rows[n - 1][BLOCKS]
+                self._preempt(int(self.running[n - 1]), self._rows[n - 1])
                 n -= 1
                 preempted = True
                 if n == i:  # the request itself was preempted
@@ -637,55 +682,62 @@ class Replica:
             free -= int(extra[i])
             i += 1
         self.running = self.running[:n]
+        self._rows = self._rows[:n]
         # blocks are committed by the caller; here only the freed ones are returned to the pool
         self.free_blocks = free + int(extra[:n][keep[:n]].sum())
         return keep[:n], preempted
 
-    def _preempt(self, rid: int) -> None:
+    def _preempt(self, rid: int, row: list[int]) -> None:
+        """Back to the queue: its counts (`row`, leaving the batch) are written back to the table."""
         t = self.table
-        t.computed[rid] = 0
-        t.blocks[rid] = 0
+        row[COMPUTED] = 0
+        row[BLOCKS] = 0
+        t.ints[rid] = row
         t.num_preemptions[rid] += 1
-        self.waiting.appendleft(int(rid))
+        self.waiting.appendleft(rid)
 
-    def _admit(self, budget: int) -> tuple[list[int], list[int]]:
-        """Admit waiting requests FCFS (chunked prefill fills the remaining budget)."""
+    def _admit(self, budget: int) -> tuple[list[int], list[int], list[list[int]]]:
+        """Admit waiting requests FCFS (chunked prefill fills the remaining budget). Returns their ids,
+        tokens and counts rows (which the replica keeps from now on)."""
         t, lim = self.table, self.limits
         ids: list[int] = []
         tokens: list[int] = []
+        rows: list[list[int]] = []
         room = lim.max_num_seqs - len(self.running)
         while self.waiting and budget > 0 and len(ids) < room:
             rid = self.waiting[0]
-            n = int(t.prompt[rid] + t.out[rid] - t.computed[rid])
+            row = t.ints[rid].tolist()
+            n = row[PROMPT] + row[OUT] - row[COMPUTED]
             if lim.long_prefill_token_threshold > 0:
                 n = min(n, lim.long_prefill_token_threshold)
             if not lim.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
-            blocks = int(self._blocks[int(t.computed[rid]) + n])
+            blocks = self._kv_blocks([row[COMPUTED]], n)[0]
             if blocks > self.free_blocks:
                 break
             self.waiting.popleft()
             self.free_blocks -= blocks
-            t.blocks[rid] = blocks
+            row[BLOCKS] = blocks
             if math.isnan(t.first_scheduled[rid]):
                 t.first_scheduled[rid] = self.env.now
             ids.append(rid)
             tokens.append(n)
+            rows.append(row)
             budget -= n
-        return ids, tokens
+        return ids, tokens, rows
 
     # ------------------------------------------------------------------ update
-    def _update(self, ids: np.ndarray, new_tokens: np.ndarray, num_spec: np.ndarray) -> None:
-        """After a step: the scheduled requests computed `new_tokens` each; those whose known tokens
-        are all computed sample (A + 1 tokens after verifying num_spec drafts). Request by request in
-        plain Python (a batch is a handful of requests)."""
+    def _update(self, ids: np.ndarray, counts: list[list[int]], new_tokens: list[int], num_spec: list[int]) -> None:
+        """After a step: the scheduled requests (`counts`: their rows, updated in place) computed
+        `new_tokens` each; those whose known tokens are all computed sample (A + 1 tokens after
+        verifying num_spec drafts). Request by request in plain Python (a batch is a handful of
+        requests)."""
         t, now = self.table, self.env.now
-        counts = t.ints[ids].tolist()                                # this batch's counts (a copy)
-        spec = num_spec.tolist()
+        spec = num_spec
         emits: list[int] = []                                        # positions that sample tokens
         drafted: list[int] = []                                      # ... after verifying drafts
-        for i, (r, n) in enumerate(zip(counts, new_tokens.tolist())):
+        for i, (r, n) in enumerate(zip(counts, new_tokens)):
             c = r[COMPUTED] + n
             r[COMPUTED] = c
             if c >= r[PROMPT] + r[OUT]:                              # all known tokens computed
@@ -694,7 +746,8 @@ class Replica:
                     drafted.append(i)
         accepted = [0] * len(counts)
         if drafted:
-            d_ids, d_spec = (ids, num_spec) if len(drafted) == len(ids) else (ids[drafted], num_spec[drafted])
+            d_ids = ids if len(drafted) == len(ids) else ids[drafted]
+            d_spec = np.array(spec if len(drafted) == len(ids) else [spec[i] for i in drafted], dtype=np.int64)
             sampled = self.spec.sample_accepted(d_ids, d_spec, self.rng).tolist()
             for i, a in zip(drafted, sampled):
                 r = counts[i]
@@ -704,7 +757,6 @@ class Replica:
                 r[COMPUTED] += a - spec[i]                           # rejected drafts are rolled back
                 accepted[i] = a
         if not emits:
-            t.ints[ids] = _int_rows(counts)
             return
         first: list[int] = []                                        # positions emitting their first token
         later: list[int] = []
@@ -719,10 +771,10 @@ class Replica:
             if out >= r[TARGET]:
                 done.append(i)
         freed = 0
-        for i in done:
-            freed += counts[i][BLOCKS]
-            counts[i][BLOCKS] = 0
-        t.ints[ids] = _int_rows(counts)
+        gone = [counts[i] for i in done]
+        for r in gone:
+            freed += r[BLOCKS]
+            r[BLOCKS] = 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
         if first:
             f_ids = ids[first]
@@ -736,5 +788,5 @@ class Replica:
             t.finish[d_ids] = now
             t.finish_step[d_ids] = step
             self.free_blocks += freed
-            self.running = self.running[np.isnan(t.finish[self.running])]
+            self._leave(d_ids, gone)
             self.on_finish(d_ids)

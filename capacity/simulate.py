@@ -205,6 +205,7 @@ class Cluster:
         self.router = router
         self._rr = 0
         self._next = 0
+        self._next_arrival_s: float | None = None   # when the open loop's pending arrival fires
         self._done = 0
         self.all_done = env.event()
         # serving-stack time before a sent request reaches a scheduler (HTTP, tokenisation)
@@ -215,6 +216,8 @@ class Cluster:
                     self._finished, rngs[i], deployed.speculation)
             for i in range(replicas)]
         if stream.concurrency is None:
+            for r in self.replicas:
+                r.next_arrival = self.next_arrival_for
             env.process(self._open_loop())
         else:
             for _ in range(min(stream.concurrency, len(stream))):
@@ -243,8 +246,19 @@ class Cluster:
         for rid in range(len(arrivals)):
             wait = arrivals[rid] + self.request_delay_s - self.env.now
             if wait > 0:
+                self._next_arrival_s = self.env.now + wait    # the timeout's time, as SimPy computes it
                 yield self.env.timeout(wait)
             self._dispatch_next()
+        self._next_arrival_s = None
+
+    def next_arrival_for(self, replica: Replica) -> float | None:
+        """When the open loop's next request arrives, if it will go to `replica` (the only replica, or
+        its turn in round robin), else None. Lets a decode run end at that arrival without being
+        interrupted (Replica._decode_run)."""
+        n = len(self.replicas)
+        if n == 1 or (self.router == "round_robin" and self.replicas[self._rr % n] is replica):
+            return self._next_arrival_s
+        return None
 
     def _finished(self, ids: np.ndarray) -> None:
         self._done += len(ids)
@@ -307,6 +321,8 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         env.run(until=cluster.all_done)
     else:
         env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
+    for r in cluster.replicas:
+        r.flush()                                   # requests still running at the horizon
     requests = _request_frame(cluster, stream)
     rec = [r.recorder for r in cluster.replicas]
     itl = np.concatenate([c for r in rec for c in r.itl_chunks]) if any(r.itl_chunks for r in rec) else np.zeros(0)

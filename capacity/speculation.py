@@ -35,6 +35,9 @@ class Speculation(Protocol):
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         """Accepted drafts for `num_steps` consecutive steps of the same requests (steps × requests)."""
 
+    def skip_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> None:
+        """Advance `rng` exactly as `sample_steps` with these arguments would, without the samples."""
+
     def draft_time_steps(self, num_seqs: int, target_tokens: np.ndarray, context_sum: np.ndarray,
                          num_spec: int) -> np.ndarray:
         """Drafting time of many identical-shape decode steps at once (one value per step)."""
@@ -64,6 +67,9 @@ class NoSpeculation:
 
     def sample_steps(self, ids, num_spec, num_steps, rng) -> np.ndarray:
         return np.zeros((num_steps, len(ids)), dtype=np.int64)
+
+    def skip_steps(self, ids, num_spec, num_steps, rng) -> None:
+        return None
 
     def draft_time_steps(self, num_seqs, target_tokens, context_sum, num_spec) -> np.ndarray:
         return np.zeros(np.shape(target_tokens))

@@ -295,18 +295,20 @@ class AttentionTables:
         input, which the function reports)."""
         out: list[float] = []
         rest: list[int] = []
-        whole, chunk = self._whole, self._chunk
+        whole, chunk, max_chunk = self._whole, self._chunk, self.MAX_CHUNK
         for i, (q, c) in enumerate(zip(new_tokens, context_tokens)):
             if q == c >= 0:
                 table = whole
-            elif 0 <= q <= self.MAX_CHUNK and c >= q:
+            elif 0 <= q <= max_chunk and c >= q:
                 table = chunk.get(q) or self.chunk(q)
             else:
                 rest.append(i)
                 out.append(0.0)
                 continue
-            values = table._list
-            out.append(values[c] if values is not None and c < len(values) else table.lookup([c])[0])
+            try:
+                out.append(table._list[c])
+            except (TypeError, IndexError):                         # no list yet, or c beyond it
+                out.append(table.lookup([c])[0])
         if rest:
             direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
@@ -392,19 +394,28 @@ class StepCostModel:
                  num_sampled: float | None = None, num_spec: np.ndarray | None = None) -> StepFeatures:
         """new_tokens[i]: tokens sequence i contributes to this pass; context_tokens[i]: its context
         length at the end of the pass (prompt + output tokens computed, including these);
-        num_spec[i]: the drafts among them that sequence i verifies (None: no speculation)."""
-        new_tokens = np.asarray(new_tokens)
-        context_tokens = np.asarray(context_tokens)
+        num_spec[i]: the drafts among them that sequence i verifies (None: no speculation). Python
+        lists are taken as whole numbers (the engine's steps)."""
         n = len(new_tokens)
-        whole = n and _whole_numbers(new_tokens, context_tokens)
-        if whole and n <= AttentionTables.MAX_ROWS:     # a few sequences: plain Python, the same bits
-            q, c = new_tokens.tolist(), context_tokens.tolist()
+        few = 0 < n <= AttentionTables.MAX_ROWS
+        if few and type(new_tokens) is list and type(context_tokens) is list:
+            q, c = new_tokens, context_tokens
+        else:
+            new_tokens = np.asarray(new_tokens)
+            context_tokens = np.asarray(context_tokens)
+            whole = n and _whole_numbers(new_tokens, context_tokens)
+            few = few and whole
+            if few:
+                q, c = new_tokens.tolist(), context_tokens.tolist()
+        if few:                                         # a few sequences: plain Python, the same bits
             attn_sum, kv_sum = self.tables.sums(q, c)
+            if num_spec is not None and type(num_spec) is not list:
+                num_spec = np.asarray(num_spec).tolist()
             return StepFeatures(
                 num_tokens=float(sum(q)), num_seqs=float(n),
                 num_sampled=float(n if num_sampled is None else num_sampled),
                 attn_flops=attn_sum, kv_read_bytes=kv_sum,
-                verify_seqs=float(sum([s > 0 for s in np.asarray(num_spec).tolist()])) if num_spec is not None else 0.0)
+                verify_seqs=float(sum([s > 0 for s in num_spec])) if num_spec is not None else 0.0)
         if whole:
             attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
         elif n:
@@ -424,7 +435,7 @@ class StepCostModel:
         k, b = context_tokens.shape
         m = self.model
         n = float(b * tokens_per_seq)
-        if _whole_numbers(context_tokens) and isinstance(tokens_per_seq, (int, np.integer)):
+        if context_tokens.dtype.kind in "iu" and isinstance(tokens_per_seq, (int, np.integer)):
             attn, kv = self.tables.chunk(int(tokens_per_seq))[context_tokens], self.tables.kv[context_tokens]
         else:
             attn = m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)

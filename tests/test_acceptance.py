@@ -102,6 +102,19 @@ def test_iid_sample_steps_independent_and_same_stream() -> None:
     assert abs(r) < 4 / np.sqrt(len(x))
 
 
+def test_skip_steps_advances_the_stream_as_sample_steps() -> None:
+    """The engine samples a run's steps in two parts and skips the second when it is not needed: the
+    draws after it must be the ones a whole-run sample would leave."""
+    m = IIDAcceptance(0.6)
+    ids = np.arange(7)
+    whole, split = np.random.default_rng(3), np.random.default_rng(3)
+    all_steps = m.sample_steps(ids, 3, 40, whole)
+    np.testing.assert_array_equal(m.sample_steps(ids, 3, 15, split), all_steps[:15])
+    m.skip_steps(ids, 3, 25, split)
+    assert whole.bit_generator.state == split.bit_generator.state
+    np.testing.assert_array_equal(m.sample_steps(ids, 3, 5, split), m.sample_steps(ids, 3, 5, whole))
+
+
 # --------------------------------------------------------------------------------------------------
 # M1: chain, seed rows, profiles
 # --------------------------------------------------------------------------------------------------

@@ -107,3 +107,21 @@ def test_a_different_deployment_does_not_share() -> None:
     assert other.deployed.cost is not base.deployed.cost
     assert other.deployed.speculation.draft_cost._steps_memo is not base.deployed.speculation.draft_cost._steps_memo
     assert other.metrics["duration_s"] != base.metrics["duration_s"]
+
+
+@pytest.mark.parametrize("overrides", [[], ["deployment.replicas=3", "deployment.router=round_robin",
+                                             "traffic.arrival.rate_rps=6"]])
+def test_arrivals_known_ahead_cut_runs_as_interrupts_do(monkeypatch, overrides: list[str]) -> None:
+    """An open-loop arrival known to come to a replica cuts its decode run when the run is set up,
+    instead of interrupting it: every output is the same bits as with interrupts only."""
+    sc = scenario.load(None, ["traffic.num_requests=150", *overrides])
+    cut = simulate.run(sc)
+    monkeypatch.setattr(simulate.Cluster, "next_arrival_for", lambda self, replica: None)
+    interrupted = simulate.run(sc)
+    assert cut.metrics == interrupted.metrics and cut.num_steps == interrupted.num_steps
+    assert cut.step_breakdown_s == interrupted.step_breakdown_s
+    pd_cut, pd_int = cut.requests, interrupted.requests
+    for col in ("first_token_s", "finish_s", "num_chunks", "spec_accepted"):
+        np.testing.assert_array_equal(pd_cut[col].to_numpy(), pd_int[col].to_numpy())
+    for a, b in zip(cut.cluster.replicas, interrupted.cluster.replicas):
+        np.testing.assert_array_equal(a.recorder.t, b.recorder.t)
