@@ -258,7 +258,7 @@ class GpuProfile:
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
     """Load a shipped profile by case-insensitive name ("mi300x", "H100 SXM") or any profile YAML by path."""
     text = os.fspath(name_or_path).strip()
-    if _looks_like_path(text):
+    if looks_like_path(text):
         path = Path(text).expanduser()
         if not path.is_file():
             raise CapacityError(
@@ -612,7 +612,7 @@ def _known_profiles() -> dict[str, Path]:
     return {p.stem: p for p in sorted(files, key=lambda p: p.stem.upper())}
 
 
-def _looks_like_path(text: str) -> bool:
+def looks_like_path(text: str) -> bool:
     return text.lower().endswith((".yaml", ".yml")) or "/" in text or os.sep in text
 
 

@@ -78,7 +78,7 @@ def _is_true(v: Any) -> bool:
 
 def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) -> tuple[dict | None, str | None]:
     """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled)."""
-    from capacity.hardware import load_gpu
+    from capacity.hardware import looks_like_path, load_gpu
     from capacity.models import load_model
 
     if "vllm" not in str(row.get("framework", "")).lower():
@@ -145,7 +145,10 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
     traffic["classes"] = [{"name": "random", **lengths}]
     scenario = {
         "name": f"{row.get('file', 'row')}:{row.get('row', '')}",
-        "deployment": {"gpu": gpu.name, "model": name, "precision": precision,
+        # a row measured on a profile YAML (e.g. `capacity calibrate --out`) keeps its path: the name
+        # inside the file would load the shipped profile of that GPU instead
+        "deployment": {"gpu": str(row["gpu"]).strip() if looks_like_path(str(row["gpu"]).strip()) else gpu.name,
+                       "model": name, "precision": precision,
                        "tensor_parallel_size": int(tp), "replicas": replicas,
                        **({"expert_parallel": True} if expert_parallel else {})},
         "traffic": traffic,
