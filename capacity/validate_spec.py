@@ -1067,9 +1067,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         load_type = str(row.get("load_type", "")).lower()
         c = ServingCase(i, row, "skip")
         cases.append(c)
-        if "with ep" in notes.lower() or "+ ep" in notes.lower():
-            c.reason = "expert parallelism (TP=4 with EP) is not modelled"
-            continue
+        expert_parallel = "with ep" in notes.lower() or "+ ep" in notes.lower()   # EP over the TP GPUs
         if "rate not stated" in load_type:
             c.reason = "load not stated (online serving, request rate not given)"
             continue
@@ -1101,6 +1099,9 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         if version.startswith("v0.") and version.split(".")[1].isdigit() and int(version.split(".")[1]) < 8:
             assumptions.append(f"vLLM {version} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
+        if expert_parallel:
+            dep["expert_parallel"] = True
+            assumptions.append("expert parallelism over the TP GPUs (vLLM --enable-expert-parallel)")
         conc = _num(row.get("concurrency_or_qps"))
         if "concurrency 1" in load_type or ("closed" in load_type and conc == 1):
             # single-user rows of the DFlash blog: z-lab/dflash client, prompts like the seed WORKLOAD
@@ -1300,7 +1301,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
       is pinned on its lowest load so that the simulated speedup there equals the measured one; the
       speedups at the other loads are predictions (how the benefit falls with load). Baseline rows
       are predicted in absolute terms (tok/s/GPU of unstated basis: output and total both given);
-    * everything else is skipped with the reason (load not stated, EP, drafts without a config, ...).
+    * everything else is skipped with the reason (load not stated, drafts without a config, ...).
     """
     path = Path(path) if path else default_serving_file()
     if not path.is_file():
