@@ -246,7 +246,8 @@ def test_serving_rows_are_planned_with_reasons():
     by = {(c.row["source_id"], c.row["model"], c.row["spec_method"], c.row["concurrency_or_qps"]): c for c in cases}
     skipped = [c for c in cases if c.status == "skip"]
     assert all(c.reason for c in skipped)
-    assert any("expert parallelism" in c.reason for c in skipped)          # MiniMax-M2.5 with EP
+    ep = [c for c in cases if c.status == "baseline" and "MiniMax-M2.5" in c.row["model"]]   # TP4 + EP baselines
+    assert ep and all(c.scenario["deployment"].get("expert_parallel") is True for c in ep)
     assert any("Llama-3.2-1B" in c.reason for c in skipped)                # draft without a config
     single = [c for c in cases if c.status == "predict"]
     assert single and all(c.scenario["traffic"]["arrival"]["concurrency"] == 1 for c in single)
