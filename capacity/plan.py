@@ -204,8 +204,10 @@ def _simulate(scenario_dict: dict[str, Any]) -> dict[str, Any]:
     except CapacityError as e:
         return {"error": str(e)}
     m = res.metrics
+    acceptance = getattr(res.deployed.speculation, "acceptance", None)
     return {"ok": bool(m.get("slo_met")) and res.stable, "stable": res.stable, "metrics": m,
-            "payload": summary.simulation_payload(res), "requests": res.requests}
+            "payload": summary.simulation_payload(res), "requests": res.requests,
+            "acceptance_basis": getattr(acceptance, "provenance", None)}
 
 
 def _probe(args) -> tuple[int, float, bool]:
@@ -373,6 +375,9 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         "slo": m.get("slo"), "slo_met": m.get("slo_met"),
         "one_fewer_replica_slo_met": (evidence["one_fewer_replica"] or {}).get("metrics", {}).get("slo_met"),
         "without_speculation": _best_of(ranked, "none"),
+        # where the recommended drafter's acceptance comes from (measured on this target, or carried
+        # over from other targets): the recommendation is only as good as that number
+        "acceptance_basis": evidence["recommended"].get("acceptance_basis"),
     }
     rec_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf)
     fewer_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf) if replicas > 1 else None
@@ -416,6 +421,9 @@ def summary_text(p: PlanResult) -> str:
         lines.append(f"                {s['slo']}: {'-' if ach is None else f'{ach:,.1f}'} "
                      f"({'met' if s['met'] else 'MISSED'})")
     lines.append(f"                one replica fewer: SLOs {'met (!)' if r.get('one_fewer_replica_slo_met') else 'missed'}")
+    if r.get("acceptance_basis"):
+        basis = r["acceptance_basis"]
+        lines.append("                acceptance: " + (basis if len(basis) <= 160 else basis[:157] + "..."))
     wo = r.get("without_speculation")
     if r["method"] != "none" and wo:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "

@@ -66,3 +66,18 @@ def test_plan_without_slos_or_feasible_candidates_is_one_line(tmp_path, capsys):
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no candidate" in err and "\n" not in err
+
+
+def test_a_simulated_candidate_says_where_its_acceptance_comes_from():
+    """The recommendation carries the drafter's acceptance basis: DSpark was measured on Qwen3-8B
+    only (seed article), so for gemma-4-31B-it it is carried over and must say so."""
+    from capacity.plan import _simulate
+
+    sc = {"name": "basis", "deployment": {"gpu": "MI300X", "model": "google/gemma-4-31B-it"},
+          "speculative": {"method": "dspark", "num_speculative_tokens": 7},
+          "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 4,
+                      "classes": [{"name": "chat", "input_tokens": {"dist": "fixed", "value": 100},
+                                   "output_tokens": {"dist": "fixed", "value": 20}}]}}
+    basis = _simulate(sc)["acceptance_basis"]
+    assert "Qwen/Qwen3-8B" in basis and "google/gemma-4-31B-it not measured for dspark" in basis
+    assert _simulate({**sc, "speculative": {"method": "none"}})["acceptance_basis"] is None
