@@ -347,6 +347,8 @@ def _load_plan(folder: Path) -> Report:
             rep.summary.append("SLOs: " + "; ".join(
                 (f"{s.get('slo')} → {_f(s.get('achieved'))} {'met' if s.get('met') else 'MISSED'}" if isinstance(s, dict)
                  else str(s)) for s in (slo if isinstance(slo, list) else [slo])))
+        if rec.get("acceptance_basis"):
+            rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
     base = _plan_base_rate(plan)
     if base:
         h = _headroom(rec)
