@@ -76,6 +76,11 @@ def _is_true(v: Any) -> bool:
     return str(v).strip().lower() in ("true", "1", "yes")
 
 
+# Skip reasons no simulator could get past: the row measures nothing it predicts, or states no load.
+NOTHING_TO_PREDICT = "no measured column the simulator predicts"
+LOAD_NOT_STATED = "tp, isl, osl or load not stated"
+
+
 def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) -> tuple[dict | None, str | None]:
     """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled)."""
     from capacity.hardware import looks_like_path, load_gpu
@@ -94,7 +99,7 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
     if str(row.get("spec_method", "none")).strip().lower() not in ("", "none", "nan"):
         return None, "speculative decoding rows are validated with the speculative model (issue 3)"
     if not any(not math.isnan(_num(row.get(c))) for c in PREDICTED):
-        return None, "no measured column the simulator predicts"
+        return None, NOTHING_TO_PREDICT
     try:
         gpu = load_gpu(str(row["gpu"]))
     except CapacityError:
@@ -107,7 +112,7 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
         return None, f"unknown model '{row['model']}'"
     tp, isl, osl, load = _num(row["tp"]), _num(row["isl"]), _num(row["osl"]), _num(row["concurrency_or_qps"])
     if any(math.isnan(x) for x in (tp, isl, osl, load)):
-        return None, "tp, isl, osl or load not stated"
+        return None, LOAD_NOT_STATED
     num_gpus = _num(row.get("num_gpus"))
     if expert_parallel and num_gpus == tp * ep:
         # InferenceX's EP rows give num_gpus = tp x ep although EP runs over the TP GPUs: their
@@ -243,8 +248,10 @@ class ValidationReport:
 
     def summary_text(self) -> str:
         s = self.summary
+        comparable = s.get("comparable", s["given"])
         lines = [f"Coverage: {s['modelled']} of {s['given']} rows modelled "
-                 f"({s['modelled'] / max(s['given'], 1):.0%}); skipped: "
+                 f"({s['modelled'] / max(s['given'], 1):.0%}); {s['modelled']} of the {comparable} that state a load "
+                 f"and measure something the simulator predicts ({s['modelled'] / max(comparable, 1):.0%}); skipped: "
                  + ("; ".join(f"{n}× {r}" for r, n in s["skipped_reasons"].items()) or "none")]
         lines.append("")
         lines.append(f"{'gpu':8} {'model':42} {'metric':22} {'rows':>5} {'median APE':>11} {'p90 APE':>8}")
@@ -283,6 +290,7 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     reasons = rows.loc[rows["skipped"].notna(), "skipped"].value_counts().to_dict()
     return {
         "given": int(len(rows)),
+        "comparable": int(len(rows)) - sum(n for r, n in reasons.items() if r in (NOTHING_TO_PREDICT, LOAD_NOT_STATED)),
         "modelled": int(len(modelled)),
         "skipped_reasons": {str(k): int(v) for k, v in reasons.items()},
         "by_gpu_model_metric": error_table(modelled, ["gpu", "model"]),
