@@ -251,7 +251,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-rows", type=int, default=None, help="validate only the first N modelled rows (quick check)")
     v.add_argument("--gpu", action="append", default=[],
                    help="only rows of this GPU (repeatable; 'all' for every row); default without files: "
-                        "the GPUs with calibrated profiles")
+                        "the GPUs with calibrated profiles. With vLLM result files: the GPU they ran on, a "
+                        "profile name or a profile YAML (e.g. one written by capacity calibrate --out), "
+                        "which the rows are then simulated on")
     v.add_argument("--spec", action="store_true",
                    help="also predict the shipped seed-article speculative-decoding rows (several minutes)")
     v.add_argument("--out", help="write rows.csv and summary.json here")
