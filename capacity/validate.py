@@ -92,9 +92,9 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
         return None, "disaggregated prefill/decode serving is not modelled"
     if _is_true(row.get("dp_attention")):
         return None, "data-parallel attention is not modelled"
-    ep, tp = _num(row.get("ep")), _num(row.get("tp"))
+    ep = _num(row.get("ep"))
     expert_parallel = not math.isnan(ep) and ep > 1
-    if expert_parallel and ep != tp:
+    if expert_parallel and ep != _num(row.get("tp")):
         return None, "expert parallelism over other GPUs than the tensor-parallel ones is not modelled (EP = TP only)"
     if str(row.get("spec_method", "none")).strip().lower() not in ("", "none", "nan"):
         return None, "speculative decoding rows are validated with the speculative model (issue 3)"
