@@ -254,6 +254,20 @@ class IIDAcceptance(_Stateless):
         return self.alpha ** np.arange(1, n + 1, dtype=float)
 
 
+def iid_alpha_for_length(mean_accepted_length: float, n: int) -> float:
+    """The i.i.d. rate alpha whose mean accepted length (1 - alpha^(N+1)) / (1 - alpha) at N drafts is
+    `mean_accepted_length` (tokens per verification step, the target's own token included)."""
+    length = _number(mean_accepted_length, "mean accepted length")
+    if n < 1 or not 1.0 <= length <= n + 1:
+        raise CapacityError(f"mean accepted length {length:g} is impossible with N = {n}: it lies in [1, N + 1] "
+                            "(it counts the target's own token)")
+    if length >= n + 1 - 1e-12:
+        return 1.0
+    from scipy.optimize import brentq   # imported when first needed: scipy takes about a second to import
+
+    return float(brentq(lambda a: 1.0 + float(np.sum(a ** np.arange(1, n + 1))) - length, 0.0, 1.0, xtol=1e-12))
+
+
 class ChainAcceptance(_Stateless):
     """M1: conditional rates a_1..a_K; position j > K uses a_K * decay^(j-K) (decay in (0, 1])."""
 
@@ -962,7 +976,7 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
 
 
 __all__ = [
-    "AcceptanceModel", "IIDAcceptance", "ChainAcceptance", "ProfileAcceptance", "HeterogeneousAcceptance",
+    "AcceptanceModel", "IIDAcceptance", "iid_alpha_for_length", "ChainAcceptance", "ProfileAcceptance", "HeterogeneousAcceptance",
     "HistogramAcceptance", "TraceAcceptance", "acceptance_from_config", "load_profiles", "profile_rates",
     "validate_rates", "rate_factor", "METHODS", "DATASETS", "WORKLOAD_TYPES", "MODELS",
 ]

@@ -119,7 +119,7 @@ def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER
     the row; `efficiency` overrides its efficiency entries."""
     from capacity import scenario as scenario_mod, simulate
 
-    sc, reason = validate.row_scenario(row, prompts_per_user)
+    sc, reason = validate.row_scenario(row, prompts_per_user, speculative=False)
     if sc is None:
         return reason
     if sc["deployment"]["replicas"] != 1:
@@ -512,7 +512,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     meas = readers.load(paths, readers.Overrides(gpu=profile.name, tp=tp, model=model, extra=extra))
     rows = _filter_gpu(meas.serving, profile, gpu)
     result_rows = rows.to_dict(orient="records")
-    usable = [validate.row_scenario(r)[0] is not None for r in result_rows]
+    usable = [validate.row_scenario(r, speculative=False)[0] is not None for r in result_rows]
     skipped_before = rows[[not u for u in usable]]
     rows = rows[usable]
     if max_rows:
@@ -520,7 +520,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     start = dict(profile.efficiency)
     skipped: dict[str, int] = {}
     for r in skipped_before.to_dict(orient="records"):
-        reason = validate.row_scenario(r)[1]
+        reason = validate.row_scenario(r, speculative=False)[1]
         skipped[reason] = skipped.get(reason, 0) + 1
 
     stale: dict[str, int] = {}

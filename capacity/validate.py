@@ -5,6 +5,8 @@ precision and TP; a closed loop of `concurrency_or_qps` users (InferenceX) or Po
 at `concurrency_or_qps` req/s; prompts and outputs uniform in [0.8, 1.0] × isl/osl (InferenceX's
 random dataset). Each modelled row is simulated and every measured column the simulator can
 produce gets a `predicted_<column>`; a row that cannot be modelled says why in `skipped`.
+A speculative row is simulated with its stated method, N and mean accepted length; the ROCm blog rows
+that do not state them are handed to the speculative serving check (`with_blog_series`).
 """
 
 from __future__ import annotations
@@ -79,10 +81,40 @@ def _is_true(v: Any) -> bool:
 # Skip reasons no simulator could get past: the row measures nothing it predicts, or states no load.
 NOTHING_TO_PREDICT = "no measured column the simulator predicts"
 LOAD_NOT_STATED = "tp, isl, osl or load not stated"
+SPEC_WITHOUT_ACCEPTANCE = ("speculative row without num_spec_tokens and acceptance_length "
+                           "(the drafter's acceptance must be stated to predict it)")
+SPEC_NOT_FITTED = "speculative rows are not used to fit the serving efficiencies"
+# The ROCm blogs' value of unstated basis (tok/s/GPU) is compared as output tok/s per GPU.
+REPORTED = "reported_value"
+METRICS = PREDICTED + (REPORTED,)
 
 
-def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) -> tuple[dict | None, str | None]:
-    """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled)."""
+def row_speculation(row: dict[str, Any]) -> tuple[dict | None, str | None]:
+    """The `speculative` section of a row that states its method, N and mean acceptance length (an
+    i.i.d. rate with that mean: (1 - a^(N+1)) / (1 - a) = acceptance_length), or (None, why not)."""
+    from capacity.acceptance import iid_alpha_for_length
+    from capacity.validate_spec import serving_draft, serving_method
+
+    label = str(row.get("spec_method", ""))
+    n, length = _num(row.get("num_spec_tokens")), _num(row.get("acceptance_length"))
+    if not (n >= 1 and length >= 1):
+        return None, SPEC_WITHOUT_ACCEPTANCE
+    try:
+        alpha = iid_alpha_for_length(length, int(n))
+    except CapacityError as e:
+        return None, str(e)
+    spec = {"method": serving_method(label), "num_speculative_tokens": int(n),
+            "acceptance": {"model": "iid", "alpha": round(alpha, 6)}}
+    draft = serving_draft(label)[0]
+    if draft:
+        spec["draft"] = model_aliases().get(draft, draft)
+    return spec, None
+
+
+def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
+                 speculative: bool = True) -> tuple[dict | None, str | None]:
+    """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled).
+    `speculative=False` (calibration) refuses speculative rows."""
     from capacity.hardware import looks_like_path, load_gpu
     from capacity.models import load_model
 
@@ -96,8 +128,13 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
     expert_parallel = not math.isnan(ep) and ep > 1
     if expert_parallel and ep != _num(row.get("tp")):
         return None, "expert parallelism over other GPUs than the tensor-parallel ones is not modelled (EP = TP only)"
+    spec = None
     if str(row.get("spec_method", "none")).strip().lower() not in ("", "none", "nan"):
-        return None, "speculative decoding rows are validated with the speculative model (issue 3)"
+        if not speculative:
+            return None, SPEC_NOT_FITTED
+        spec, reason = row_speculation(row)
+        if spec is None:
+            return None, reason
     if not any(not math.isnan(_num(row.get(c))) for c in PREDICTED):
         return None, NOTHING_TO_PREDICT
     try:
@@ -162,6 +199,8 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER) 
               if k in row and _num(row[k]) > 0}
     if engine:
         scenario["engine"] = engine
+    if spec:
+        scenario["speculative"] = spec
     return scenario, None
 
 
@@ -268,7 +307,7 @@ class ValidationReport:
 def error_table(rows: pd.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
     """Median and p90 absolute percentage error of every predicted column, grouped by `keys`."""
     out = []
-    for metric in PREDICTED:
+    for metric in METRICS:
         pcol = f"predicted_{metric}"
         if pcol not in rows.columns:
             continue
@@ -344,7 +383,49 @@ def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None =
     out = pd.concat([rows, pred], axis=1)
     if "skipped" not in out.columns:
         out["skipped"] = None
+    if gpu_overrides is None and max_rows is None:
+        out = with_blog_series(out, rows, workers, progress)
     return ValidationReport(out, summarize(out))
+
+
+SERIES_METRIC_COLUMN = {"tok_s_per_user": "tok_s_per_user", "reported_tok_s_per_gpu": REPORTED, "e2e_ms": "e2e_ms"}
+PINNED = "speculative row used to pin its series' unreported acceptance rate"
+
+
+def with_blog_series(out: pd.DataFrame, rows: pd.DataFrame, workers: int, progress: bool) -> pd.DataFrame:
+    """Fill in the ROCm blog rows the row-by-row mapping cannot model, with the speculative serving
+    check (capacity.validate_spec.predict_serving_rows): speculative rows whose acceptance is not
+    stated (the seed article's profile of the same drafter, or one i.i.d. rate per series pinned on
+    its lowest load, that row then counting as skipped) and baselines measured only in
+    `reported_value`. Every prediction is the simulated value itself, and says its assumptions."""
+    from capacity import validate_spec
+
+    if "source_id" not in rows.columns:
+        return out
+    open_rows = out["skipped"].isin([SPEC_WITHOUT_ACCEPTANCE, NOTHING_TO_PREDICT]) \
+        & out["source_id"].astype(str).str.startswith(validate_spec.SERVING_SOURCE_PREFIX)
+    if not open_rows.any():
+        return out
+    table, _ = validate_spec.predict_serving_rows(rows=rows, workers=workers, progress=progress)
+    out = out.copy()
+    for col in ["assumptions", "stable"] + [f"predicted_{c}" for c in SERIES_METRIC_COLUMN.values()]:
+        if col not in out.columns:
+            out[col] = None if col in ("assumptions", "stable") else np.nan
+    for t in table.to_dict(orient="records"):
+        i = t["row_index"]
+        if not open_rows.get(i, False):
+            continue
+        if t["status"] == "skipped":
+            if out.at[i, "skipped"] == SPEC_WITHOUT_ACCEPTANCE:
+                out.at[i, "skipped"] = f"speculative row, acceptance not stated: {t['reason']}"
+        elif "pinned" in t["status"]:
+            out.at[i, "skipped"] = PINNED
+        else:
+            out.at[i, f"predicted_{SERIES_METRIC_COLUMN[t['metric']]}"] = t["predicted_absolute"]
+            out.at[i, "skipped"] = None
+            out.at[i, "stable"] = t["simulation_stable"]
+            out.at[i, "assumptions"] = t["assumptions"]
+    return out
 
 
 def _progress(enabled: bool, done: int, total: int) -> None:

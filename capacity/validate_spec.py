@@ -1008,7 +1008,7 @@ POISSON_PROMPTS = 200         # Poisson rows (the blog ran 500; 200 keep the run
 PIN_TOLERANCE = 0.002         # bisection on the i.i.d. acceptance rate stops at this |ratio error|
 
 
-def _serving_draft(spec_method: str) -> tuple[str | None, str | None]:
+def serving_draft(spec_method: str) -> tuple[str | None, str | None]:
     """(draft id, note) from a spec_method cell such as 'eagle3 (BF16 draft lightseekorg/kimi-k2.5-eagle3)'."""
     import re
 
@@ -1021,7 +1021,7 @@ def _serving_draft(spec_method: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _serving_method(spec_method: str) -> str | None:
+def serving_method(spec_method: str) -> str | None:
     text = spec_method.strip().lower()
     if not text or text == "none":
         return None
@@ -1062,7 +1062,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
     cases: list[ServingCase] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         sm = str(row.get("spec_method", "") or "").strip()
-        method = _serving_method(sm)
+        method = serving_method(sm)
         notes = str(row.get("notes", ""))
         load_type = str(row.get("load_type", "")).lower()
         c = ServingCase(i, row, "skip")
@@ -1080,7 +1080,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         except CapacityError:
             c.reason = f"no shipped config for model '{row['model']}'"
             continue
-        draft, note = _serving_draft(sm)
+        draft, note = serving_draft(sm)
         assumptions = []
         if draft is not None:
             draft = model_aliases().get(draft, draft)
@@ -1225,13 +1225,14 @@ def _serving_job(job) -> list[dict[str, Any]]:
             c = cases[0]
             m = _serving_metrics(_with_spec(c.scenario, c.speculative, overrides))
             d = _serving_metrics(_with_spec(c.scenario, c.speculative, None)) if overrides else m
-            out.append({"index": c.index, "predicted": _serving_value(m, c.metric),
+            out.append({"index": c.index, "predicted": _serving_value(m, c.metric), "predicted_absolute": _serving_value(m, c.metric),
                         "predicted_default": _serving_value(d, c.metric), "stable": m["stable"]})
             return out
         base = {b.row.get("concurrency_or_qps"): b for b in baselines}
         base_m = {k: _serving_metrics(b.scenario) for k, b in base.items()}
         for k, b in base.items():
             out.append({"index": b.index, "predicted": _serving_value(base_m[k], b.metric),
+                        "predicted_absolute": _serving_value(base_m[k], b.metric),
                         "predicted_output_tok_s_per_gpu": base_m[k]["output_tok_s_per_gpu"],
                         "predicted_total_tok_s_per_gpu": base_m[k]["total_tok_s_per_gpu"], "stable": base_m[k]["stable"]})
         cases = sorted((c for c in cases if c.row.get("concurrency_or_qps") in base),
@@ -1248,10 +1249,14 @@ def _serving_job(job) -> list[dict[str, Any]]:
         key = pin.row.get("concurrency_or_qps")
         measured_ratio = pin.measured / base[key].measured if pin.metric != "e2e_ms" else base[key].measured / pin.measured
 
-        def ratio_at(alpha: float, c: ServingCase) -> float:
+        def simulated_at(alpha: float, c: ServingCase) -> tuple[float, float]:
+            """(speedup against the simulated baseline, the simulated value itself) at i.i.d. rate alpha."""
             spec = {**c.speculative, "acceptance": {"model": "iid", "alpha": alpha}}
             m = _serving_metrics(_with_spec(c.scenario, spec, overrides))
-            return _ratio(m, base_m[c.row.get("concurrency_or_qps")], c.metric)
+            return _ratio(m, base_m[c.row.get("concurrency_or_qps")], c.metric), _serving_value(m, c.metric)
+
+        def ratio_at(alpha: float, c: ServingCase) -> float:
+            return simulated_at(alpha, c)[0]
 
         lo, hi = 0.0, 1.0
         r_hi = ratio_at(hi, pin)
@@ -1272,14 +1277,14 @@ def _serving_job(job) -> list[dict[str, Any]]:
                     hi = mid
             alpha = 0.5 * (lo + hi)
         for c in cases:
-            r = ratio_at(alpha, c)
+            r, absolute = simulated_at(alpha, c)
             bm = base_m[c.row.get("concurrency_or_qps")]
             pred = r * base[c.row.get("concurrency_or_qps")].measured if c.metric != "e2e_ms" \
                 else base[c.row.get("concurrency_or_qps")].measured / r
             out.append({"index": c.index, "predicted": pred, "predicted_ratio": r,
                         "measured_ratio": (c.measured / base[c.row.get("concurrency_or_qps")].measured
                                            if c.metric != "e2e_ms" else base[c.row.get("concurrency_or_qps")].measured / c.measured),
-                        "pinned_alpha": alpha, "used_for_pinning": c is pin,
+                        "pinned_alpha": alpha, "used_for_pinning": c is pin, "predicted_absolute": absolute,
                         "predicted_output_tok_s_per_gpu": None, "baseline_predicted": _serving_value(bm, c.metric)})
     except CapacityError as e:
         for c in list(cases) + list(baselines):
@@ -1288,8 +1293,8 @@ def _serving_job(job) -> list[dict[str, Any]]:
 
 
 def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progress: bool = True,
-                         quick: bool = False, overrides: dict[str, float] | None = None
-                         ) -> tuple[pd.DataFrame, dict[str, Any]]:
+                         quick: bool = False, overrides: dict[str, float] | None = None,
+                         rows: pd.DataFrame | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Predict the rows of serving_vllm.csv whose source_id starts with 'rocm_blog' (speculative decoding
     at a stated load, and their non-speculative baselines). What is modelled:
 
@@ -1302,14 +1307,21 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
       speedups at the other loads are predictions (how the benefit falls with load). Baseline rows
       are predicted in absolute terms (tok/s/GPU of unstated basis: output and total both given);
     * everything else is skipped with the reason (load not stated, drafts without a config, ...).
+
+    `rows` (string columns, as read by capacity.validate) replaces the file; the table's `row_index`
+    is each row's index there (in the file otherwise). `predicted` of a pinned series' rows is the
+    measured baseline times the predicted speedup; `predicted_absolute` is the simulated value itself.
     """
-    path = Path(path) if path else default_serving_file()
-    if not path.is_file():
-        raise CapacityError(f"measurement file {path} not found")
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    if "source_id" not in df.columns:
-        raise CapacityError(f"{path}: not a serving measurement file (no source_id column)")
-    df = df[df["source_id"].str.startswith(SERVING_SOURCE_PREFIX)].reset_index(drop=True)
+    if rows is None:
+        path = Path(path) if path else default_serving_file()
+        if not path.is_file():
+            raise CapacityError(f"measurement file {path} not found")
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+        if "source_id" not in rows.columns:
+            raise CapacityError(f"{path}: not a serving measurement file (no source_id column)")
+    df = rows[rows["source_id"].astype(str).str.startswith(SERVING_SOURCE_PREFIX)]
+    row_index = df.index.to_numpy()
+    df = df.reset_index(drop=True)
     cases = plan_serving_rows(df)
     jobs = [("predict", [c], [], overrides) for c in cases if c.status == "predict"]
     by_series: dict[str, tuple[list, list]] = {}
@@ -1339,6 +1351,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
         pred = p.get("predicted", math.nan)
         r = c.row
         out_rows.append({
+            "row_index": int(row_index[c.index]),
             "source_id": r.get("source_id"), "gpu": r.get("gpu"), "model": r.get("model"), "precision": r.get("precision"),
             "tp": r.get("tp"), "isl": r.get("isl"), "osl": r.get("osl"), "load_type": r.get("load_type"),
             "load": r.get("concurrency_or_qps"), "spec_method": r.get("spec_method"),
@@ -1350,6 +1363,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
             "measured_speedup": p.get("measured_ratio", math.nan), "predicted_speedup": p.get("predicted_ratio", math.nan),
             "pinned_alpha": p.get("pinned_alpha", math.nan),
             "predicted_default": p.get("predicted_default", math.nan),
+            "predicted_absolute": p.get("predicted_absolute", math.nan) if status != "skip" else math.nan,
             "simulation_stable": p.get("stable", None),
             "predicted_output_tok_s_per_gpu": p.get("predicted_output_tok_s_per_gpu", math.nan),
             "predicted_total_tok_s_per_gpu": p.get("predicted_total_tok_s_per_gpu", math.nan),

@@ -1,0 +1,78 @@
+"""Speculative serving rows in `capacity validate`: a row that states N and its mean accepted length is
+simulated with that acceptance; the ROCm blog rows that do not are predicted by the speculative
+serving check, each against the published figure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from capacity import validate
+from capacity.acceptance import iid_alpha_for_length
+from capacity.errors import CapacityError
+
+
+@pytest.mark.parametrize("n", [1, 3, 7, 15])
+@pytest.mark.parametrize("alpha", [0.05, 0.5, 0.8, 0.97])
+def test_alpha_for_a_length_inverts_the_closed_form(n, alpha):
+    length = (1 - alpha ** (n + 1)) / (1 - alpha)       # Leviathan et al. 2023, E[tokens per step]
+    assert iid_alpha_for_length(length, n) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_an_impossible_length_is_one_line():
+    assert iid_alpha_for_length(4.0, 3) == 1.0 and iid_alpha_for_length(1.0, 3) == 0.0
+    with pytest.raises(CapacityError, match=r"4.5 is impossible with N = 3"):
+        iid_alpha_for_length(4.5, 3)
+
+
+def _row(**kw) -> dict:
+    row = {"gpu": "MI300X", "num_gpus": "1", "model": "Qwen/Qwen3-8B", "precision": "bf16",
+           "framework": "vllm", "tp": "1", "isl": "1024", "osl": "256", "concurrency_or_qps": "4",
+           "load_type": "closed-loop concurrency", "spec_method": "eagle3", "num_spec_tokens": "3",
+           "acceptance_length": "2.5", "output_tok_s_per_gpu": "500", "source_id": "mine"}
+    row.update(kw)
+    return row
+
+
+def test_a_row_with_its_acceptance_is_simulated_with_it():
+    sc, reason = validate.row_scenario(_row())
+    assert reason is None
+    spec = sc["speculative"]
+    a, n = spec["acceptance"]["alpha"], spec["num_speculative_tokens"]
+    assert (spec["method"], n) == ("eagle3", 3)
+    assert (1 - a ** (n + 1)) / (1 - a) == pytest.approx(2.5, abs=1e-4)
+    assert "speculative" not in validate.row_scenario(_row(spec_method="none"))[0]
+
+
+def test_a_row_without_acceptance_or_in_calibration_is_skipped_with_the_reason():
+    assert validate.row_scenario(_row(acceptance_length=""))[1] == validate.SPEC_WITHOUT_ACCEPTANCE
+    assert validate.row_scenario(_row(), speculative=False)[1] == validate.SPEC_NOT_FITTED
+    assert "impossible" in validate.row_scenario(_row(acceptance_length="9"))[1]
+
+
+def test_a_stated_acceptance_changes_the_prediction_the_way_it_should():
+    """More accepted tokens per step, at the same load, raise one user's rate."""
+    low = validate.predict_row(_row(acceptance_length="1.5", concurrency_or_qps="1"), prompts_per_user=3)
+    high = validate.predict_row(_row(acceptance_length="3.5", concurrency_or_qps="1"), prompts_per_user=3)
+    assert low["skipped"] is None and high["skipped"] is None
+    assert high["predicted_tok_s_per_user"] > 1.5 * low["predicted_tok_s_per_user"]
+
+
+@pytest.fixture(scope="module")
+def dflash_blog_rows() -> pd.DataFrame:
+    rows = validate.read_measurements(validate.default_files()[0])
+    return rows[rows.source_id == "rocm_blog_dflash_mi355x_2026-09"]
+
+
+def test_blog_single_user_rows_are_predicted_near_the_published_rates(dflash_blog_rows):
+    """The DFlash blog's one-user tok/s on MI355X (never fitted): every row modelled, each within 25 %."""
+    assert len(dflash_blog_rows) == 4
+    report = validate.run(rows=dflash_blog_rows, workers=1, progress=False)
+    out = report.rows
+    assert out.skipped.isna().all(), out.skipped.tolist()
+    measured = out.tok_s_per_user.astype(float).to_numpy()
+    predicted = out.predicted_tok_s_per_user.astype(float).to_numpy()
+    assert np.all(np.abs(predicted / measured - 1) < 0.25), (measured, predicted)
+    assert report.summary["modelled"] == 4
+    assert all("acceptance" in a for a in out.assumptions)
