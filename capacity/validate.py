@@ -81,8 +81,8 @@ def _is_true(v: Any) -> bool:
 # Skip reasons no simulator could get past: the row measures nothing it predicts, or states no load.
 NOTHING_TO_PREDICT = "no measured column the simulator predicts"
 LOAD_NOT_STATED = "tp, isl, osl or load not stated"
-SPEC_WITHOUT_ACCEPTANCE = ("speculative row without num_spec_tokens and acceptance_length "
-                           "(the drafter's acceptance must be stated to predict it)")
+SPEC_WITHOUT_ACCEPTANCE = ("speculative row needs num_spec_tokens and acceptance_length "
+                           "(the drafter's mean accepted length) to be predicted")
 SPEC_NOT_FITTED = "speculative rows are not used to fit the serving efficiencies"
 # The ROCm blogs' value of unstated basis (tok/s/GPU) is compared as output tok/s per GPU.
 REPORTED = "reported_value"
@@ -309,7 +309,7 @@ def error_table(rows: pd.DataFrame, keys: list[str]) -> list[dict[str, Any]]:
     out = []
     for metric in METRICS:
         pcol = f"predicted_{metric}"
-        if pcol not in rows.columns:
+        if pcol not in rows.columns or metric not in rows.columns:   # a user's file may omit measured columns
             continue
         meas = pd.to_numeric(rows[metric], errors="coerce")
         pred = pd.to_numeric(rows[pcol], errors="coerce")

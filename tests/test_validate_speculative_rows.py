@@ -76,3 +76,11 @@ def test_blog_single_user_rows_are_predicted_near_the_published_rates(dflash_blo
     assert np.all(np.abs(predicted / measured - 1) < 0.25), (measured, predicted)
     assert report.summary["modelled"] == 4
     assert all("acceptance" in a for a in out.assumptions)
+
+
+def test_a_file_without_some_measured_columns_validates():
+    """A user's file may omit measured columns (here total_tok_s_per_gpu): compared where measured."""
+    rows = pd.DataFrame([_row(spec_method="none", concurrency_or_qps="2")])
+    report = validate.run(rows=rows, workers=1, progress=False)
+    assert report.summary["modelled"] == 1
+    assert [g["metric"] for g in report.summary["overall"]] == ["output_tok_s_per_gpu"]
