@@ -150,6 +150,51 @@ def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER
                        record_eff=dict(res.deployed.gpu.efficiency))
 
 
+class ClosedLoopEnds:
+    """Step end times of a recorded closed loop under new step durations:
+    end_k = c_k + max_{j<=k}(L_j - c_prev_j), where L_j is the latest bound on step j: 0 for step 0,
+    d for a step that first schedules a request sent at t = 0, and (end of the step that dispatched
+    it) + d for every other request it first schedules.
+
+    Every dispatch precedes its join, so one pass over the steps with a bound, in order, settles
+    each bound before it is used (the running max changes only there; a lookup finds it at a
+    dispatch step). Same floating-point operations as iterating the equation to its fixed point.
+    The steps and their dispatches are fixed by the recording, so they are grouped once here.
+    """
+
+    def __init__(self, first_join: np.ndarray, later_join: np.ndarray, later_dispatch: np.ndarray):
+        by_step: dict[int, list[int]] = {}
+        for j, k in zip(later_join.tolist(), later_dispatch.tolist()):
+            by_step.setdefault(j, []).append(k)
+        first = set(first_join.tolist())
+        self.steps = np.asarray(sorted(first | {0} | set(by_step)), dtype=np.int64)
+        self.first = [j in first for j in self.steps.tolist()]
+        self.dispatch = [by_step.get(j, []) for j in self.steps.tolist()]
+        self.flat_dispatch = np.asarray([k for ks in self.dispatch for k in ks], dtype=np.int64)
+
+    def __call__(self, c: np.ndarray, c_prev: np.ndarray, d: float) -> np.ndarray:
+        from bisect import bisect_right
+
+        c_at_dispatch = iter(c[self.flat_dispatch].tolist())
+        m_steps: list[int] = []
+        m_values: list[float] = []
+        m = -math.inf
+        for j, first, ks, cp in zip(self.steps.tolist(), self.first, self.dispatch, c_prev[self.steps].tolist()):
+            bound = d if first else -math.inf
+            if j == 0:
+                bound = max(bound, 0.0)
+            for k in ks:
+                end_k = next(c_at_dispatch) + m_values[bisect_right(m_steps, k) - 1]
+                bound = max(bound, end_k + d)
+            v = bound - cp
+            if v > m:
+                m = v
+                m_steps.append(j)
+                m_values.append(m)
+        at = np.searchsorted(np.asarray(m_steps), np.arange(len(c)), side="right") - 1
+        return c + np.asarray(m_values)[at]
+
+
 class Repricer:
     """Prices a recorded row under any efficiency parameters."""
 
@@ -166,6 +211,10 @@ class Repricer:
         starts = rec.step_end_s - np.asarray(self.cost.total_time(self.features, rec.record_eff), dtype=float)
         reach = rec.arrival_s + rec.record_eff["request_overhead_ms"] * 1e-3
         self.join_step = np.minimum(np.searchsorted(starts, reach - 1e-9, side="left"), len(starts) - 1)
+        if not rec.open_loop:
+            first = rec.dispatch_step < 0
+            self.closed_loop = ClosedLoopEnds(self.join_step[first], self.join_step[~first],
+                                              rec.dispatch_step[~first])
 
     def _ends(self, durations: np.ndarray, efficiency: dict[str, float]) -> np.ndarray:
         """Step end times of the recorded schedule with new step durations.
@@ -174,35 +223,18 @@ class Repricer:
         have reached the engine: a request sent at a (open loop: recorded; closed loop: the end of the
         step that freed its slot) arrives after the request delay d, so the first step that recorded it
         starts at >= a + d. With C the cumulative durations, end_k = C_k + max_{j<=k}(L_j - C_{j-1})
-        (L_j: the latest such bound on step j). A closed loop's bounds depend on earlier ends, so it is
-        iterated to its fixed point. At the recording parameters this reproduces the simulation exactly.
+        (L_j: the latest such bound on step j). A closed loop's bounds depend on earlier ends
+        (ClosedLoopEnds). At the recording parameters this reproduces the simulation exactly.
         """
         r = self.rec
         d = efficiency["request_overhead_ms"] * 1e-3
         c = np.cumsum(durations)
         c_prev = c - durations
-        n_steps = len(durations)
-
-        def ends_for(bounds: np.ndarray) -> np.ndarray:
-            return c + np.maximum.accumulate(bounds - c_prev)
-
-        base = np.full(n_steps, -np.inf)
-        if r.open_loop:
-            np.maximum.at(base, self.join_step, r.arrival_s + d)
-            return ends_for(base)
-        first = r.dispatch_step < 0
-        base[0] = 0.0
-        np.maximum.at(base, self.join_step[first], d)
-        later = ~first
-        ends = ends_for(base)
-        for _ in range(len(r.dispatch_step) + 1):
-            bounds = base.copy()
-            np.maximum.at(bounds, self.join_step[later], ends[r.dispatch_step[later]] + d)
-            new = ends_for(bounds)
-            if np.array_equal(new, ends):
-                break
-            ends = new
-        return ends
+        if not r.open_loop:
+            return self.closed_loop(c, c_prev, d)
+        bounds = np.full(len(durations), -np.inf)
+        np.maximum.at(bounds, self.join_step, r.arrival_s + d)
+        return c + np.maximum.accumulate(bounds - c_prev)
 
     def predict(self, efficiency: dict[str, float]) -> dict[str, float]:
         r = self.rec

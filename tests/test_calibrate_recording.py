@@ -165,3 +165,34 @@ def test_the_kept_fit_is_the_round_with_the_lowest_simulated_cost(result_files, 
         costs.append(_soft_l1_cost(np.asarray(logs)))
     assert res.round_costs == pytest.approx(costs, rel=1e-9)
     assert res.fitted == fits[int(np.argmin(costs))]
+
+
+def test_closed_loop_ends_solve_their_equation():
+    """The one-pass step ends equal iterating end_k = c_k + max_{j<=k}(L_j - c_{j-1}) to its fixed
+    point, L_j = max(base_j, end[dispatch] + d) over requests first scheduled at step j, bit for bit."""
+    from capacity.calibrate import ClosedLoopEnds
+
+    rng = np.random.default_rng(3)
+    for trial in range(30):
+        n = int(rng.integers(5, 400))
+        durations = rng.uniform(1e-3, 5e-2, n)
+        c = np.cumsum(durations)
+        c_prev = c - durations
+        d = float(rng.choice([0.0, rng.uniform(0, 0.2)]))
+        first = rng.integers(0, n, 4)
+        base = np.full(n, -np.inf)
+        base[0] = 0.0
+        np.maximum.at(base, first, d)
+        m = int(rng.integers(0, 3 * n))
+        dispatch = rng.integers(0, n - 1, m)
+        join = np.minimum(dispatch + rng.integers(1, 30, m), n - 1)
+
+        ends = c + np.maximum.accumulate(base - c_prev)
+        for _ in range(m + 2):
+            bounds = base.copy()
+            np.maximum.at(bounds, join, ends[dispatch] + d)
+            new = c + np.maximum.accumulate(bounds - c_prev)
+            if np.array_equal(new, ends):
+                break
+            ends = new
+        assert np.array_equal(ClosedLoopEnds(first, join, dispatch)(c, c_prev, d), ends), trial
