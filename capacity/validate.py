@@ -292,6 +292,9 @@ class ValidationReport:
                  f"({s['modelled'] / max(s['given'], 1):.0%}); {s['modelled']} of the {comparable} that state a load "
                  f"and measure something the simulator predicts ({s['modelled'] / max(comparable, 1):.0%}); skipped: "
                  + ("; ".join(f"{n}× {r}" for r, n in s["skipped_reasons"].items()) or "none")]
+        if len(s.get("coverage_by_gpu", {})) > 1:
+            lines.append("Coverage by GPU: " + ", ".join(f"{g} {c['modelled']} of {c['given']}"
+                                                         for g, c in s["coverage_by_gpu"].items()))
         lines.append("")
         lines.append(f"{'gpu':8} {'model':42} {'metric':22} {'rows':>5} {'median APE':>11} {'p90 APE':>8}")
         for g in s["by_gpu_model_metric"]:
@@ -331,6 +334,8 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
         "given": int(len(rows)),
         "comparable": int(len(rows)) - sum(n for r, n in reasons.items() if r in (NOTHING_TO_PREDICT, LOAD_NOT_STATED)),
         "modelled": int(len(modelled)),
+        "coverage_by_gpu": {str(g): {"given": int(len(grp)), "modelled": int(grp["skipped"].isna().sum())}
+                            for g, grp in rows.groupby("gpu")} if "gpu" in rows.columns else {},
         "skipped_reasons": {str(k): int(v) for k, v in reasons.items()},
         "by_gpu_model_metric": error_table(modelled, ["gpu", "model"]),
         "by_gpu_metric": error_table(modelled, ["gpu"]),

@@ -19,3 +19,12 @@ def test_coverage_counts_uncomparable_rows_apart() -> None:
     assert (s["given"], s["comparable"], s["modelled"]) == (6, 4, 2)
     text = ValidationReport(rows, s).summary_text()
     assert "2 of 6 rows modelled (33%)" in text and "2 of the 4 that state a load" in text and "(50%)" in text
+
+
+def test_coverage_is_also_given_per_gpu() -> None:
+    rows = pd.DataFrame({"gpu": ["MI300X", "MI300X", "MI355X"], "model": ["m"] * 3,
+                         "tpot_ms": [10.0] * 3, "predicted_tpot_ms": [10.0, None, 10.0],
+                         "skipped": [None, "unknown model 'x'", None]})
+    s = summarize(rows)
+    assert s["coverage_by_gpu"] == {"MI300X": {"given": 2, "modelled": 1}, "MI355X": {"given": 1, "modelled": 1}}
+    assert "Coverage by GPU: MI300X 1 of 2, MI355X 1 of 1" in ValidationReport(rows, s).summary_text()
