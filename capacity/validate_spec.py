@@ -1225,14 +1225,15 @@ def _serving_job(job) -> list[dict[str, Any]]:
             c = cases[0]
             m = _serving_metrics(_with_spec(c.scenario, c.speculative, overrides))
             d = _serving_metrics(_with_spec(c.scenario, c.speculative, None)) if overrides else m
-            out.append({"index": c.index, "predicted": _serving_value(m, c.metric), "predicted_absolute": _serving_value(m, c.metric),
+            value = _serving_value(m, c.metric)
+            out.append({"index": c.index, "predicted": value, "predicted_absolute": value,
                         "predicted_default": _serving_value(d, c.metric), "stable": m["stable"]})
             return out
         base = {b.row.get("concurrency_or_qps"): b for b in baselines}
         base_m = {k: _serving_metrics(b.scenario) for k, b in base.items()}
         for k, b in base.items():
-            out.append({"index": b.index, "predicted": _serving_value(base_m[k], b.metric),
-                        "predicted_absolute": _serving_value(base_m[k], b.metric),
+            value = _serving_value(base_m[k], b.metric)
+            out.append({"index": b.index, "predicted": value, "predicted_absolute": value,
                         "predicted_output_tok_s_per_gpu": base_m[k]["output_tok_s_per_gpu"],
                         "predicted_total_tok_s_per_gpu": base_m[k]["total_tok_s_per_gpu"], "stable": base_m[k]["stable"]})
         cases = sorted((c for c in cases if c.row.get("concurrency_or_qps") in base),
