@@ -510,6 +510,19 @@ def _describe_sources(rows: pd.DataFrame, paths: list[Path]) -> str:
     return "; ".join(parts)
 
 
+V0_NOT_FITTED = ("vLLM < 0.8 ran the V0 engine (its scheduler is not the one simulated): "
+                 "validated by `capacity validate`, not fitted")
+
+
+def fit_exclusion(row: dict[str, Any]) -> str | None:
+    """Why a serving row does not enter the fit (None: it does): what `validate.row_scenario`
+    cannot model, speculative rows, and V0-engine runs."""
+    reason = validate.row_scenario(row, speculative=False)[1]
+    if reason is None and validate.v0_engine(row):
+        reason = V0_NOT_FITTED
+    return reason
+
+
 def _filter_gpu(rows: pd.DataFrame, profile: GpuProfile, given: str) -> pd.DataFrame:
     if rows.empty:
         return rows
@@ -544,16 +557,15 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     meas = readers.load(paths, readers.Overrides(gpu=profile.name, tp=tp, model=model, extra=extra))
     rows = _filter_gpu(meas.serving, profile, gpu)
     result_rows = rows.to_dict(orient="records")
-    usable = [validate.row_scenario(r, speculative=False)[0] is not None for r in result_rows]
-    skipped_before = rows[[not u for u in usable]]
-    rows = rows[usable]
+    reasons = [fit_exclusion(r) for r in result_rows]
+    rows = rows[[r is None for r in reasons]]
     if max_rows:
         rows = rows.iloc[np.linspace(0, len(rows) - 1, min(max_rows, len(rows))).astype(int)]
     start = dict(profile.efficiency)
     skipped: dict[str, int] = {}
-    for r in skipped_before.to_dict(orient="records"):
-        reason = validate.row_scenario(r, speculative=False)[1]
-        skipped[reason] = skipped.get(reason, 0) + 1
+    for reason in reasons:
+        if reason is not None:
+            skipped[reason] = skipped.get(reason, 0) + 1
 
     stale: dict[str, int] = {}
 

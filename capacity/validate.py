@@ -2,9 +2,10 @@
 
 A serving row (schema of serving_measurements.csv) becomes a scenario: the row's GPU, model,
 precision and TP; a closed loop of `concurrency_or_qps` users (InferenceX) or Poisson arrivals
-at `concurrency_or_qps` req/s; prompts and outputs uniform in [0.8, 1.0] × isl/osl (InferenceX's
-random dataset). Each modelled row is simulated and every measured column the simulator can
-produce gets a `predicted_<column>`; a row that cannot be modelled says why in `skipped`.
+at `concurrency_or_qps` req/s; prompts and outputs uniform in the range the source's benchmark
+client drew its random lengths from (benchmark_clients.yaml; [0.8, 1.0] × isl/osl for InferenceX).
+Each modelled row is simulated and every measured column the simulator can produce gets a
+`predicted_<column>`; a row that cannot be modelled says why in `skipped`.
 A speculative row is simulated with its stated method, N and mean accepted length; the ROCm blog rows
 that do not state them are handed to the speculative serving check (`with_blog_series`).
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +44,43 @@ def default_files() -> list[Path]:
 @lru_cache(maxsize=1)
 def model_aliases() -> dict[str, str]:
     return yaml.safe_load((data_dir() / "measurements" / "model_aliases.yaml").read_text()) or {}
+
+
+@lru_cache(maxsize=1)
+def benchmark_clients() -> dict[str, Any]:
+    return yaml.safe_load((data_dir() / "measurements" / "benchmark_clients.yaml").read_text()) or {}
+
+
+def client_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark_clients.yaml entry of the row's `source_id` (the default entry for other sources)."""
+    clients = benchmark_clients()
+    return (clients.get("sources") or {}).get(str(row.get("source_id", "")).strip()) or clients.get("default") or {}
+
+
+def length_fractions(row: dict[str, Any]) -> tuple[float, float]:
+    """(low, high): the row's client drew random lengths uniformly from [low, high] x the nominal
+    isl/osl (benchmark_clients.yaml, by `source_id`; InferenceX's [0.8, 1.0] for other sources)."""
+    entry = client_of(row)
+    return float(entry.get("low", 0.8)), float(entry.get("high", 1.0))
+
+
+def random_lengths(row: dict[str, Any], isl: float, osl: float) -> dict[str, dict[str, Any]]:
+    """The input/output length distributions of a row's random-dataset requests (`length_fractions`)."""
+    low, high = length_fractions(row)
+
+    def dist(n: float) -> dict[str, Any]:
+        hi = max(1, int(round(high * n)))
+        return {"dist": "uniform", "low": min(hi, max(1, int(round(low * n)))), "high": hi}
+
+    return {"input_tokens": dist(isl), "output_tokens": dist(osl)}
+
+
+def v0_engine(row: dict[str, Any]) -> bool:
+    """Whether the row's vLLM (`framework_version`, e.g. "v0.6.7" or "vllm/vllm-openai-rocm:v0.18.0")
+    predates 0.8, the first release with the V1 engine on by default: it ran the V0 engine, whose
+    scheduler (prefills first, chunked prefill optional) the simulator does not mimic."""
+    m = re.search(r"v?(\d+)\.(\d+)", str(row.get("framework_version", "")))
+    return bool(m) and int(m.group(1)) == 0 and 0 < int(m.group(2)) < 8     # 0.0.x: not a vLLM release
 
 
 def read_csv_checked(path: Path, required: tuple[str, ...] | list[str], kind: str) -> pd.DataFrame:
@@ -164,11 +203,10 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
         lengths = {"input_tokens": {"dist": "uniform", "low": int(ins.min()), "high": int(ins.max())},
                    "output_tokens": {"dist": "uniform", "low": int(outs.min()), "high": int(outs.max())}}
     else:
-        lengths = {
-            "input_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * isl))), "high": max(1, int(isl))},
-            "output_tokens": {"dist": "uniform", "low": max(1, int(round(0.8 * osl))), "high": max(1, int(osl))},
-        }
+        lengths = random_lengths(row, isl, osl)
     num_prompts = _num(row.get("num_prompts"))
+    if math.isnan(num_prompts):
+        num_prompts = _num(client_of(row).get("num_prompts"))
     if exact is not None:
         num_prompts = float(len(exact[0]))
     if "rate_and_concurrency" in load_type or "burst" in load_type:

@@ -1057,7 +1057,7 @@ class ServingCase:
 def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
     """Decide, for each rocm_blog row, whether and how it is modelled (see predict_serving_rows)."""
     from capacity.models import load_model
-    from capacity.validate import model_aliases
+    from capacity.validate import length_fractions, model_aliases, random_lengths, v0_engine
 
     cases: list[ServingCase] = []
     for i, row in enumerate(df.to_dict(orient="records")):
@@ -1095,9 +1095,8 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         tp = int(_num(row.get("tp")))
         prec = _serving_precision(row.get("precision", ""))
         isl, osl = _num(row.get("isl")), _num(row.get("osl"))
-        version = str(row.get("framework_version", ""))
-        if version.startswith("v0.") and version.split(".")[1].isdigit() and int(version.split(".")[1]) < 8:
-            assumptions.append(f"vLLM {version} ran the V0 engine; modelled with the v1 scheduler")
+        if v0_engine(row):
+            assumptions.append(f"vLLM {row.get('framework_version')} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
         if expert_parallel:
             dep["expert_parallel"] = True
@@ -1138,16 +1137,18 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         if math.isnan(isl) or math.isnan(osl) or math.isnan(conc):
             c.reason = "isl, osl or load not stated"
             continue
-        lengths = {"input_tokens": {"dist": "fixed", "value": int(isl)},
-                   "output_tokens": {"dist": "fixed", "value": int(osl)}}
+        lengths = random_lengths(row, isl, osl)
+        low, high = length_fractions(row)
+        shape = ("exactly isl/osl tokens" if low == high == 1.0 else
+                 f"uniform in [{low:g}, {high:g}] x isl/osl tokens")
         if "closed" in load_type:
             traffic = {"arrival": {"process": "closed_loop", "concurrency": int(conc)}, "num_requests": 10 * int(conc)}
             value, metric = _num(row.get("reported_value")), "reported_tok_s_per_gpu"
-            assumptions.append("random prompts of exactly isl/osl tokens (vllm bench serve random, range ratio 0)")
+            assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
         elif "poisson" in load_type:
             traffic = {"arrival": {"process": "poisson", "rate_rps": float(conc)}, "num_requests": POISSON_PROMPTS}
             value, metric = _num(row.get("e2e_ms")), "e2e_ms"
-            assumptions.append("random prompts of exactly isl/osl tokens (assumed)")
+            assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
         else:
             c.reason = f"load type '{row.get('load_type')}' is not modelled"
             continue
