@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import date
@@ -47,6 +46,7 @@ from scipy.optimize import least_squares
 from capacity import validate
 from capacity.errors import CapacityError
 from capacity.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
+from capacity.progress import Progress
 from capacity.step_cost import StepCostModel, StepFeatures
 
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
@@ -280,14 +280,13 @@ def record_rows(rows: pd.DataFrame | list[dict[str, Any]], workers: int = 2, pro
     else:
         pool = ProcessPoolExecutor(max_workers=workers)
         it = pool.map(_record_star, jobs, chunksize=1)
+    prog = Progress("calibrate", progress)
     for i, res in enumerate(it):
         out.append(res)
-        if progress:
-            print(f"\rcalibrate: simulated {i + 1}/{len(jobs)} rows", end="", file=sys.stderr, flush=True)
+        prog.update("simulated rows", i + 1, len(jobs))
     if workers != 1:
         pool.shutdown()
-    if progress:
-        print(file=sys.stderr)
+    prog.close()
     return out
 
 

@@ -312,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except CapacityError as e:
-        print(f"capacity: error: {e}", file=sys.stderr)
+        fresh_line = "\r\033[K" if sys.stderr.isatty() else ""      # past a progress line being rewritten
+        print(f"{fresh_line}capacity: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("capacity: interrupted", file=sys.stderr)

@@ -24,7 +24,6 @@ import copy
 import itertools
 import math
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity.errors import CapacityError
+from capacity.progress import Progress
 
 
 class _Strict(BaseModel):
@@ -231,16 +231,12 @@ class PlanResult:
                 "wall_time_s": self.wall_time_s}
 
 
-def _progress(enabled: bool, text: str) -> None:
-    if enabled:
-        print(f"\rplan: {text}\033[K", end="", file=sys.stderr, flush=True)
-
-
 def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
         progress: bool = True) -> PlanResult:
     from capacity import metrics, scenario as scenario_mod, traffic
 
     t0 = time.perf_counter()
+    prog = Progress("plan", progress)
     path, data = scenario_mod.read_yaml(scenario_name)
     if not isinstance(data, dict):
         raise CapacityError(f"{path}: a scenario is a YAML mapping with deployment, traffic, slo and plan sections")
@@ -266,7 +262,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     from capacity.hardware import load_gpu
 
     for i, c in enumerate(cands):
-        _progress(progress, f"analytic bracket {i + 1}/{len(cands)}")
+        prog.update("analytic bracket", i + 1, len(cands))
         try:
             c.cost_per_gpu_hour_usd = load_gpu(c.gpu).cost_per_gpu_hour_usd
             c.analytic_rate_rps = analytic_max_rate(candidate_scenario(base, c, 1.0), slos, mean_prompt, mean_output,
@@ -321,7 +317,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
             for idx, rate, ok in pool.map(_probe, jobs):
                 results.setdefault(idx, []).append((rate, ok))
                 done += 1
-                _progress(progress, f"simulating candidates (round {round_ + 1}) {done}/{len(jobs)}")
+                prog.update(f"simulating candidates (round {round_ + 1})", done, len(jobs))
         for i, c in enumerate(top):
             ok_rates = [r for r, ok in results.get(i, []) if ok]
             c.simulated = True
@@ -350,7 +346,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     replicas = best.replicas
     evidence: dict[str, Any] = {}
     for _ in range(8):
-        _progress(progress, f"confirming {best.label} × {replicas} replicas")
+        prog.update(f"confirming {best.label} × {replicas} replicas")
         at = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf))
         if at.get("ok"):
             fewer = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf)) if replicas > 1 else None
@@ -364,8 +360,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         raise CapacityError(f"could not confirm {best.label} at {cfg.target_rate_rps} req/s within 8 adjustments")
     best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
     best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
-    if progress:
-        print(file=sys.stderr)
+    prog.close()
     m = evidence["recommended"]["metrics"]
     out_tok_s = m["output_throughput_tok_s"] or 0.0
     rec = {

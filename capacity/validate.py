@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -28,6 +27,7 @@ import yaml
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.progress import Progress
 
 PREDICTED = ("output_tok_s_per_gpu", "total_tok_s_per_gpu", "tok_s_per_user", "ttft_ms", "tpot_ms", "e2e_ms")
 SERVING_REQUIRED = ("gpu", "model", "framework", "tp", "isl", "osl", "concurrency_or_qps", "load_type")
@@ -411,17 +411,17 @@ def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None =
     jobs = [(r, gpu_overrides, prompts_per_user) for r in records]
     results: list[dict[str, Any]] = []
     workers = max(1, min(workers, os.cpu_count() or 1))
+    prog = Progress("validate", progress)
     if workers == 1 or len(jobs) < 4:
         for i, job in enumerate(jobs):
             results.append(_predict_star(job))
-            _progress(progress, i + 1, len(jobs))
+            prog.update("rows", i + 1, len(jobs))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for i, res in enumerate(pool.map(_predict_star, jobs, chunksize=1)):
                 results.append(res)
-                _progress(progress, i + 1, len(jobs))
-    if progress:
-        print(file=sys.stderr)
+                prog.update("rows", i + 1, len(jobs))
+    prog.close()
     pred = pd.DataFrame(results, index=rows.index)
     out = pd.concat([rows, pred], axis=1)
     if "skipped" not in out.columns:
@@ -469,11 +469,6 @@ def with_blog_series(out: pd.DataFrame, rows: pd.DataFrame, workers: int, progre
             out.at[i, "stable"] = t["simulation_stable"]
             out.at[i, "assumptions"] = t["assumptions"]
     return out
-
-
-def _progress(enabled: bool, done: int, total: int) -> None:
-    if enabled:
-        print(f"\rvalidate: {done}/{total} rows", end="", file=sys.stderr, flush=True)
 
 
 def write(report: ValidationReport, out: Path) -> None:

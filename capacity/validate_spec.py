@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -47,6 +46,7 @@ import pandas as pd
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.progress import Progress
 from capacity.step_cost import NUM_FEATURES, StepFeatures
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
@@ -768,24 +768,19 @@ def summary_text(s: dict[str, Any]) -> str:
 
 def _pool_map(fn, jobs: list, workers: int, progress: bool, label: str) -> list:
     out = []
+    prog = Progress("validate (speculative)", progress)
     workers = max(1, min(workers, os.cpu_count() or 1))
     if workers == 1 or len(jobs) < 2:
         for i, j in enumerate(jobs):
             out.append(fn(j))
-            _progress(progress, label, i + 1, len(jobs))
+            prog.update(label, i + 1, len(jobs))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for i, res in enumerate(pool.map(fn, jobs, chunksize=1)):
                 out.append(res)
-                _progress(progress, label, i + 1, len(jobs))
-    if progress and jobs:
-        print(file=sys.stderr)
+                prog.update(label, i + 1, len(jobs))
+    prog.close()
     return out
-
-
-def _progress(enabled: bool, label: str, done: int, total: int) -> None:
-    if enabled:
-        print(f"\rvalidate (speculative): {label} {done}/{total}", end="", file=sys.stderr, flush=True)
 
 
 def infer_loads(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
@@ -1437,6 +1432,7 @@ def load_sensitivity(factors: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0), dataset:
     if rows is None:
         rows = read_spec_measurements(default_spec_files()[0])
     loads, failed = infer_loads(rows, workers=1, progress=progress, prompts_per_user=ppu)
+    prog = Progress("load sensitivity", progress)
     out = []
     for target, ld in loads.items():
         g = rows[(rows.target == target) & (rows.dataset == dataset)]
@@ -1453,8 +1449,6 @@ def load_sensitivity(factors: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0), dataset:
             out.append({"target": target, "factor": f, "concurrency": c, "baseline_sim_over_measured": base / measured_base,
                         "median_signed_error": float(np.median(err)), "median_ape": float(np.median(np.abs(err))),
                         "rows": int(len(err))})
-            if progress:
-                print(f"\rload sensitivity: {target} x{f}", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+            prog.update(f"{target} x{f}")
+    prog.close()
     return pd.DataFrame(out)

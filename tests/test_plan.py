@@ -64,8 +64,9 @@ def test_plan_without_slos_or_feasible_candidates_is_one_line(tmp_path, capsys):
     data["plan"]["search"]["speculative"] = [{"method": "none"}]
     path.write_text(yaml.safe_dump(data))
     assert main(["plan", str(path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "no candidate" in err and "\n" not in err
+    *progress, error = capsys.readouterr().err.strip().splitlines()
+    assert "no candidate" in error and error.startswith("capacity: error:")
+    assert all(line.startswith("plan: ") for line in progress)       # progress lines of a log, then the one error line
 
 
 def test_a_simulated_candidate_says_where_its_acceptance_comes_from():
