@@ -62,6 +62,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         # the same traffic (same seed) without speculation, to show what speculation changes
         baseline = simulate.run(sc.model_copy(update={"speculative": scenario_mod.Speculative()}))
         result.extras["without_speculation"] = {"metrics": baseline.metrics, "stable": baseline.stable}
+        result.extras["speculation_by_batch"] = summary.speculation_by_batch(result)
         result.comparison = baseline
     payload = summary.simulation_payload(result)
     if args.out:

@@ -196,7 +196,7 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
 
 
 # ---------------------------------------------------------------------------------------------- simulation
-def _simulate(scenario_dict: dict[str, Any]) -> dict[str, Any]:
+def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str, Any]:
     from capacity import scenario as scenario_mod, simulate, summary
 
     try:
@@ -207,7 +207,8 @@ def _simulate(scenario_dict: dict[str, Any]) -> dict[str, Any]:
     acceptance = getattr(res.deployed.speculation, "acceptance", None)
     return {"ok": bool(m.get("slo_met")) and res.stable, "stable": res.stable, "metrics": m,
             "payload": summary.simulation_payload(res), "requests": res.requests,
-            "acceptance_basis": getattr(acceptance, "provenance", None)}
+            "acceptance_basis": getattr(acceptance, "provenance", None),
+            "speculation_by_batch": summary.speculation_by_batch(res) if explain else None}
 
 
 def _probe(args) -> tuple[int, float, bool]:
@@ -347,7 +348,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     evidence: dict[str, Any] = {}
     for _ in range(8):
         prog.update(f"confirming {best.label} × {replicas} replicas")
-        at = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf))
+        at = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf), explain=True)
         if at.get("ok"):
             fewer = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf)) if replicas > 1 else None
             if fewer is not None and fewer.get("ok"):
@@ -373,6 +374,8 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         # where the recommended drafter's acceptance comes from (measured on this target, or carried
         # over from other targets): the recommendation is only as good as that number
         "acceptance_basis": evidence["recommended"].get("acceptance_basis"),
+        # "use N up to B running requests, off above" at this traffic (decode-only view)
+        "speculation_by_batch": evidence["recommended"].get("speculation_by_batch"),
     }
     rec_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf)
     fewer_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf) if replicas > 1 else None
@@ -419,6 +422,11 @@ def summary_text(p: PlanResult) -> str:
     if r.get("acceptance_basis"):
         basis = r["acceptance_basis"]
         lines.append("                acceptance: " + (basis if len(basis) <= 160 else basis[:157] + "..."))
+    sb = r.get("speculation_by_batch")
+    if sb:
+        from capacity.summary import speculation_lines
+
+        lines += ["                " + line for line in speculation_lines(sb)]
     wo = r.get("without_speculation")
     if r["method"] != "none" and wo:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "

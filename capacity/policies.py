@@ -16,6 +16,7 @@ Each policy answers `num_spec_tokens(batch_size, mean_context) -> int`:
 
 `policy_from_config(cfg, N, ...)` builds one from a scenario's `speculative.policy` mapping:
 {kind: static} (default), {kind: off_above, max_batch_size: 40}, {kind: goodput, max_n: 7}.
+`break_even` says up to which batch size a given N pays (what `capacity plan` prints).
 """
 
 from __future__ import annotations
@@ -225,3 +226,35 @@ def policy_from_config(cfg: Mapping[str, Any] | None, N: int, *, target_cost: St
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise CapacityError(f"speculative.policy goodput {k} must be a number, got {v!r}")
     return GoodputPolicy(max_n, acceptance.expected_tokens, step_time_s, **options)
+
+
+def break_even(step_time_s: Callable[[int, float, int], float], expected_tokens: Callable[[int], float],
+               n: int, mean_context: float, max_batch: int, at_batch: int | None = None) -> dict[str, Any]:
+    """Up to which batch size drafting `n` tokens per request pays, at one mean context.
+
+    The expected speedup of one decode step of B requests is S(B) = τ(n) · T(B, 0) / T(B, n): τ(n)
+    tokens per request from the acceptance model against the plain step's one, over the step times
+    (`step_time_s(batch, mean_context, n)`, e.g. `decode_step_time`). Speculation pays while S ≥ 1.
+    Returns the largest B in 1..max_batch with S(B) ≥ 1 (`pays_up_to`; 0: not even at one request;
+    max_batch: at every batch the engine allows), S at one request and at `at_batch`, and the
+    goodput-best N in 0..n at `at_batch` (`policy`: the off_above policy that keeps those gains).
+    A decode-only view: prefill chunks sharing the step are left out."""
+    n, max_batch = int(n), max(int(max_batch), 1)
+    tau = [1.0] + [float(expected_tokens(k)) for k in range(1, n + 1)]
+
+    def speedup(b: int, k: int = n) -> float:
+        return tau[k] * step_time_s(b, mean_context, 0) / step_time_s(b, mean_context, k)
+
+    pays = [b for b in range(1, max_batch + 1) if speedup(b) >= 1.0]
+    # the largest batch that pays; S(B) falls with B in practice, so this is the crossing
+    limit = max(pays, default=0)
+    out: dict[str, Any] = {"num_speculative_tokens": n, "mean_context_tokens": float(mean_context),
+                           "max_batch": max_batch, "pays_up_to": limit, "speedup_at_1": speedup(1)}
+    if at_batch is not None and at_batch >= 1:
+        b = int(round(at_batch))
+        out["at_batch"] = b
+        out["speedup_at_batch"] = speedup(b)
+        goodput = [tau[k] / step_time_s(b, mean_context, k) for k in range(n + 1)]
+        out["best_n_at_batch"] = int(np.argmax(goodput))
+    out["policy"] = ({"kind": "static"} if limit >= max_batch else {"kind": "off_above", "max_batch_size": limit})
+    return out

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from capacity.simulate import SimulationResult
@@ -70,6 +71,9 @@ def simulation_summary(result: SimulationResult) -> str:
         lines.append(f"SLOs       {checks}; goodput {m['goodput_rps'] or 0:.2f} req/s")
     if result.comparison is not None:
         lines += ["", comparison_table(result.comparison, result)]
+        sb = result.extras.get("speculation_by_batch") or speculation_by_batch(result)
+        if sb:
+            lines += speculation_lines(sb, load="this run's mean")
     speed = result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else float("inf")
     lines.append(f"Simulated  {result.sim_time_s:.0f} s of serving in {result.wall_time_s:.2f} s ({speed:,.0f}× real time, {result.num_steps:,} engine steps)")
     return "\n".join(lines)
@@ -110,3 +114,42 @@ def write_simulation(result: SimulationResult, payload: dict[str, Any], out: Pat
     (out / "result.json").write_text(json.dumps(_clean(payload), indent=2, default=_json_default))
     result.requests.to_csv(out / "requests.csv", index=False)
     (out / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
+
+
+def speculation_by_batch(res) -> dict[str, Any] | None:
+    """For a simulated speculative deployment: up to how many running requests its N pays
+    (`policies.break_even` at the run's step-weighted mean decode context), the expected one-step
+    speedup at one request and at the run's mean batch, and the best N there."""
+    from capacity.policies import break_even, decode_step_time
+
+    spec = res.deployed.speculation
+    n = int(getattr(spec, "num_speculative_tokens", 0) or 0)
+    if n <= 0 or getattr(spec, "acceptance", None) is None:
+        return None
+    req = res.requests
+    out_tok = req["output_tokens"].to_numpy(dtype=float)
+    if out_tok.sum() <= 0:
+        return None
+    # a decoding request's context grows from its prompt to prompt + output: weight by decode steps
+    context = float(np.sum(out_tok * (req["prompt_tokens"].to_numpy(dtype=float) + out_tok / 2)) / out_tok.sum())
+    running = (res.metrics.get("running") or {}).get("mean")
+    step = decode_step_time(res.deployed.cost, spec.draft_cost)
+    return break_even(step, spec.acceptance.expected_tokens, n, context, res.deployed.limits.max_num_seqs,
+                      at_batch=running if running and running >= 1 else None)
+
+
+def speculation_lines(sb: dict[str, Any], load: str = "the planned mean") -> list[str]:
+    """'speculation: N=7 pays up to 123 running requests per replica, off above ...' for the plan summary."""
+    n, limit = sb["num_speculative_tokens"], sb["pays_up_to"]
+    if limit >= sb["max_batch"]:
+        head = f"N={n} pays at every batch size up to max_num_seqs ({sb['max_batch']})"
+    elif limit == 0:
+        head = f"N={n} does not pay even for one request"
+    else:
+        head = (f"N={n} pays up to {limit} running requests per replica, off above "
+                f"(speculative.policy {{kind: off_above, max_batch_size: {limit}}})")
+    tail = f"one decode step {sb['speedup_at_1']:.2f}x at 1 request"
+    if sb.get("at_batch"):
+        tail += (f", {sb['speedup_at_batch']:.2f}x at {load} of {sb['at_batch']} running "
+                 f"(best N there: {sb['best_n_at_batch']})")
+    return ["speculation: " + head, f"             {tail}; mean decode context {sb['mean_context_tokens']:,.0f} tokens"]
