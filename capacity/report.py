@@ -349,6 +349,11 @@ def _load_plan(folder: Path) -> Report:
                  else str(s)) for s in (slo if isinstance(slo, list) else [slo])))
         if rec.get("acceptance_basis"):
             rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
+        if isinstance(rec.get("speculation_by_batch"), dict):
+            from capacity.summary import speculation_lines
+
+            rep.summary.append("Speculation by load: " + "; ".join(
+                line.strip() for line in speculation_lines(rec["speculation_by_batch"])).removeprefix("speculation: "))
     base = _plan_base_rate(plan)
     if base:
         h = _headroom(rec)
