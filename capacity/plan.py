@@ -21,6 +21,7 @@ $/hour. Two stages keep it fast:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import os
@@ -361,6 +362,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         raise CapacityError(f"could not confirm {best.label} at {cfg.target_rate_rps} req/s within 8 adjustments")
     best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
     best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
+    comparison = _with_and_without(base, best, ranked, cfg.target_rate_rps, n_conf, evidence["recommended"], prog)
     prog.close()
     m = evidence["recommended"]["metrics"]
     out_tok_s = m["output_throughput_tok_s"] or 0.0
@@ -376,6 +378,9 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         "acceptance_basis": evidence["recommended"].get("acceptance_basis"),
         # "use N up to B running requests, off above" at this traffic (decode-only view)
         "speculation_by_batch": evidence["recommended"].get("speculation_by_batch"),
+        # the target traffic on the recommendation, on the same GPUs with speculation off, and on the
+        # cheapest deployment without speculation: throughput and latency with and without it
+        "comparison": comparison,
     }
     rec_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf)
     fewer_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf) if replicas > 1 else None
@@ -383,6 +388,35 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     ev_req = {k: (v or {}).get("requests") for k, v in evidence.items() if v}
     return PlanResult(rec, [c.row() for c in ranked] + [c.row() for c in cands if not c.feasible], ev_json,
                       rec_sc, fewer_sc, ev_req, time.perf_counter() - t0)
+
+
+def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candidate], rate: float, n_req: int,
+                      recommended: dict[str, Any], prog: Progress) -> list[dict[str, Any]]:
+    """The target rate simulated on the recommendation (already done), on the same deployment with
+    speculation off, and on the cheapest deployment without speculation: [{label, gpus, slo_met,
+    metrics}] for the summary's with/without table. Empty when the recommendation drafts nothing."""
+    from capacity.summary import comparison_metrics
+
+    def entry(label: str, c: Candidate, replicas: int, res: dict[str, Any]) -> dict[str, Any]:
+        m = res.get("metrics") or {}
+        return {"label": label, "config": c.label, "gpus": replicas * c.tensor_parallel_size,
+                "slo_met": bool(res.get("ok")), "stable": bool(res.get("stable")),
+                "metrics": comparison_metrics(m) if m else None, "error": res.get("error")}
+
+    if best.method == "none":
+        return []
+    out = [entry(f"{best.method} N={best.num_speculative_tokens}", best, best.replicas, recommended)]
+    off = dataclasses.replace(best, method="none", num_speculative_tokens=0, spec={"method": "none"})
+    prog.update(f"the same {best.replicas} replica(s) without speculation")
+    out.append(entry("same GPUs, no spec", off, best.replicas,
+                     _simulate(candidate_scenario(base, off, rate, best.replicas, n_req))))
+    plain = next((c for c in ranked if c.method == "none" and c.simulated), None) or \
+        next((c for c in ranked if c.method == "none"), None)
+    if plain is not None:
+        prog.update(f"the cheapest deployment without speculation: {plain.label} × {plain.replicas}")
+        out.append(entry("cheapest without", plain, plain.replicas,
+                         _simulate(candidate_scenario(base, plain, rate, plain.replicas, n_req))))
+    return out
 
 
 def _best_of(ranked: list[Candidate], method: str) -> dict[str, Any] | None:
@@ -431,6 +465,16 @@ def summary_text(p: PlanResult) -> str:
     if r["method"] != "none" and wo:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "
                      f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
+    runs = [c for c in r.get("comparison") or [] if c.get("metrics")]
+    if len(runs) > 1:
+        from capacity.summary import metrics_table
+
+        lines.append("")
+        lines += metrics_table(f"At {r['target_rate_rps']:g} req/s",
+                               [(f"{c['label']}", c["metrics"]) for c in runs])
+        cells = [f"{c['gpus']} GPUs, " + ("SLO met" if c["slo_met"] else "SLO missed" if c.get("stable", True)
+                                          else "overloaded") for c in runs]
+        lines.append(f"{'deployment':28} " + " ".join(f"{x:>22}" for x in cells))
     lines.append("")
     lines.append(f"{'rank':>4}  {'candidate':44} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
     for i, c in enumerate([c for c in p.candidates if c["feasible"]][:15], 1):

@@ -79,17 +79,23 @@ def simulation_summary(result: SimulationResult) -> str:
     return "\n".join(lines)
 
 
-def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
-    """Side by side: the same traffic without and with speculative decoding."""
-    sp = on.scenario.speculative
-    rows = [
-        ("output tok/s per GPU", "output_throughput_tok_s_per_gpu", None, "{:,.0f}"),
-        ("TTFT p50 / p99 ms", "ttft_ms", ("p50", "p99"), "{:,.0f}"),
-        ("TPOT p50 / p90 ms", "tpot_ms", ("p50", "p90"), "{:.1f}"),
-        ("E2E p50 / p90 ms", "e2e_ms", ("p50", "p90"), "{:,.0f}"),
-        ("tok/s per user p50 / p10", "tok_s_per_user", ("p50", "p10"), "{:.1f}"),
-        ("goodput req/s", "goodput_rps", None, "{:.2f}"),
-    ]
+COMPARISON_ROWS = (
+    ("output tok/s per GPU", "output_throughput_tok_s_per_gpu", None, "{:,.0f}"),
+    ("TTFT p50 / p99 ms", "ttft_ms", ("p50", "p99"), "{:,.0f}"),
+    ("TPOT p50 / p90 ms", "tpot_ms", ("p50", "p90"), "{:.1f}"),
+    ("E2E p50 / p90 ms", "e2e_ms", ("p50", "p90"), "{:,.0f}"),
+    ("tok/s per user p50 / p10", "tok_s_per_user", ("p50", "p10"), "{:.1f}"),
+    ("goodput req/s", "goodput_rps", None, "{:.2f}"),
+)
+
+
+def comparison_metrics(m: dict[str, Any]) -> dict[str, Any]:
+    """The metrics `metrics_table` shows (a small JSON-able subset of a run's metrics)."""
+    return {key: m.get(key) for _, key, _, _ in COMPARISON_ROWS}
+
+
+def metrics_table(title: str, columns: list[tuple[str, dict[str, Any]]], width: int = 22) -> list[str]:
+    """Runs side by side, one column per (heading, metrics)."""
 
     def cell(m, key, stats, fmt):
         v = m.get(key)
@@ -98,9 +104,17 @@ def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
             return " / ".join("-" if x is None else fmt.format(x) for x in vals)
         return "-" if v is None else fmt.format(v)
 
-    out = [f"{'Speculative decoding effect':28} {'without':>22} {f'{sp.method} N={sp.num_speculative_tokens}':>22}"]
-    for label, key, stats, fmt in rows:
-        out.append(f"{label:28} {cell(off.metrics, key, stats, fmt):>22} {cell(on.metrics, key, stats, fmt):>22}")
+    out = [f"{title:28} " + " ".join(f"{h:>{width}}" for h, _ in columns)]
+    for label, key, stats, fmt in COMPARISON_ROWS:
+        out.append(f"{label:28} " + " ".join(f"{cell(m, key, stats, fmt):>{width}}" for _, m in columns))
+    return out
+
+
+def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
+    """Side by side: the same traffic without and with speculative decoding."""
+    sp = on.scenario.speculative
+    out = metrics_table("Speculative decoding effect",
+                        [("without", off.metrics), (f"{sp.method} N={sp.num_speculative_tokens}", on.metrics)])
     r = on.requests
     if r.spec_steps.sum():
         out.append(f"{'mean accepted length':28} {'1.00':>22} {1 + r.spec_accepted.sum() / r.spec_steps.sum():>22.2f}")

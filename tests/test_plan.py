@@ -82,3 +82,38 @@ def test_a_simulated_candidate_says_where_its_acceptance_comes_from():
     basis = _simulate(sc)["acceptance_basis"]
     assert "Qwen/Qwen3-8B" in basis and "google/gemma-4-31B-it not measured for dspark" in basis
     assert _simulate({**sc, "speculative": {"method": "none"}})["acceptance_basis"] is None
+
+
+def test_the_plan_shows_the_target_traffic_with_and_without_speculation(tmp_path, capsys):
+    """The recommendation (speculation on), the same deployment with it off, and the cheapest
+    deployment without it, all at the target rate; the middle column is exactly the written
+    recommendation re-simulated with speculation off."""
+    data = {
+        "name": "plan-spec",
+        "deployment": {"gpu": "MI300X", "model": "google/gemma-4-31B-it"},
+        "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 120,
+                    "classes": [{"name": "chat", "input_tokens": {"dist": "uniform", "low": 200, "high": 1200},
+                                 "output_tokens": {"dist": "uniform", "low": 100, "high": 400}}]},
+        "slo": "ttft:p99<2s;tpot:p90<20ms",
+        "plan": {"target_rate_rps": 3, "headroom": 0.0, "simulate_top": 2, "requests_per_probe": 120,
+                 "search": {"gpu": ["MI300X"], "tensor_parallel_size": [1, 2],
+                            "speculative": [{"method": "none"},
+                                            {"method": "gemma4_mtp", "num_speculative_tokens": [3],
+                                             "acceptance": {"dataset": "chat"}}]}},
+    }
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    rec = json.loads((out / "plan.json").read_text())["recommendation"]
+    assert rec["method"] == "gemma4_mtp"
+    runs = rec["comparison"]
+    assert [r["label"] for r in runs] == ["gemma4_mtp N=3", "same GPUs, no spec", "cheapest without"]
+    assert runs[0]["gpus"] == runs[1]["gpus"] == rec["total_gpus"]
+    assert runs[2]["gpus"] == rec["without_speculation"]["total_gpus"] and runs[2]["slo_met"]
+    off = scenario.load(str(out / "recommended.yaml"))
+    off = off.model_copy(update={"speculative": scenario.Speculative()})
+    assert simulate.run(off).metrics["tpot_ms"]["p90"] == pytest.approx(runs[1]["metrics"]["tpot_ms"]["p90"], rel=1e-9)
+    assert "At 3 req/s" in text and "same GPUs, no spec" in text
+    assert rec["speculation_by_batch"]["pays_up_to"] >= 1 and "pays up to" in text
