@@ -371,6 +371,15 @@ def _load_plan(folder: Path) -> Report:
                                f"{p.get('num_gpus', '?')} GPUs, TTFT p99 {_f(_get(m, 'ttft_ms', 'p99'), '{:,.0f}')} ms, "
                                f"TPOT p90 {_f(_get(m, 'tpot_ms', 'p90'))} ms, SLOs "
                                f"{'met' if m.get('slo_met') else 'missed' if m.get('slo_met') is False else 'n/a'}")
+    for run in (rec.get("comparison") or []) if rec else []:
+        m = run.get("metrics") or {}
+        if m:
+            rep.summary.append(
+                f"At {rec.get('target_rate_rps'):g} req/s, {run.get('label')} ({run.get('config')}, {run.get('gpus')} GPUs): "
+                f"output {_f(m.get('output_throughput_tok_s_per_gpu'), '{:,.0f}')} tok/s per GPU, "
+                f"TTFT p99 {_f(_get(m, 'ttft_ms', 'p99'), '{:,.0f}')} ms, TPOT p90 {_f(_get(m, 'tpot_ms', 'p90'))} ms, "
+                f"{_f(_get(m, 'tok_s_per_user', 'p50'))} tok/s per user (median), SLOs "
+                f"{'met' if run.get('slo_met') else 'missed'}")
     if len(cands):
         _try(rep, "pareto", "Throughput per GPU vs tokens/s per user", lambda: F.pareto_figure(cands, source=rep.source))
         _try(rep, "gpus_vs_growth", "GPUs needed vs traffic growth",
