@@ -88,19 +88,12 @@ def test_the_plan_shows_the_target_traffic_with_and_without_speculation(tmp_path
     """The recommendation (speculation on), the same deployment with it off, and the cheapest
     deployment without it, all at the target rate; the middle column is exactly the written
     recommendation re-simulated with speculation off."""
-    data = {
-        "name": "plan-spec",
-        "deployment": {"gpu": "MI300X", "model": "google/gemma-4-31B-it"},
-        "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 120,
-                    "classes": [{"name": "chat", "input_tokens": {"dist": "uniform", "low": 200, "high": 1200},
-                                 "output_tokens": {"dist": "uniform", "low": 100, "high": 400}}]},
-        "slo": "ttft:p99<2s;tpot:p90<20ms",
-        "plan": {"target_rate_rps": 3, "headroom": 0.0, "simulate_top": 2, "requests_per_probe": 120,
-                 "search": {"gpu": ["MI300X"], "tensor_parallel_size": [1, 2],
-                            "speculative": [{"method": "none"},
-                                            {"method": "gemma4_mtp", "num_speculative_tokens": [3],
-                                             "acceptance": {"dataset": "chat"}}]}},
-    }
+    data = json.loads(json.dumps(SCENARIO))
+    data["deployment"]["model"] = "google/gemma-4-31B-it"          # its Gemma 4 MTP assistant is shipped
+    data["slo"] = "ttft:p99<2s;tpot:p90<20ms"
+    data["plan"]["target_rate_rps"] = 3
+    data["plan"]["search"]["speculative"] = [{"method": "none"}, {"method": "gemma4_mtp", "num_speculative_tokens": [3],
+                                                                  "acceptance": {"dataset": "chat"}}]
     path = tmp_path / "plan.yaml"
     path.write_text(yaml.safe_dump(data))
     out = tmp_path / "out"
