@@ -889,7 +889,7 @@ class ProfileAcceptance(_Stateless):
 # From a scenario's `speculative.acceptance` mapping
 # --------------------------------------------------------------------------------------------------
 
-_COMMON_KEYS = ("model", "temperature", "draft_sampling")
+_COMMON_KEYS = ("model", "temperature", "draft_sampling", "rate_scale")
 _MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "iid": ("alpha",),
     "chain": ("rates", "basis", "decay"),
@@ -918,15 +918,17 @@ def rate_factor(method: str, temperature: float = 0.0, draft_sampling: str = "ar
 
 def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target: str | None,
                            dataset: str | None = None, temperature: float = 0.0,
-                           draft_sampling: str = "argmax") -> AcceptanceModel:
+                           draft_sampling: str = "argmax", rate_scale: float = 1.0) -> AcceptanceModel:
     """Build the acceptance model a scenario's ``speculative.acceptance`` mapping describes.
 
     Forms: ``{model: iid, alpha}``, ``{model: chain, rates, basis: conditional|marginal, decay}``,
     ``{model: profile, dataset, target, by_n}`` (the default when `cfg` is None, with `dataset` or
     "chat"), ``{model: heterogeneous, base: {...}, concentration, correlation}``,
     ``{model: histogram, probs}``, ``{model: trace, path}``; each may add ``temperature`` and
-    ``draft_sampling`` (which override the arguments). A mapping without ``model`` is a profile (e.g.
-    ``{dataset: gsm8k}``). Rates are T = 0 values (see module docstring).
+    ``draft_sampling`` (which override the arguments), and ``rate_scale``, a what-if multiplier on every
+    conditional rate ("acceptance drops by 20 %": 0.8; rates stay within [0, 1]; not applied to traces).
+    A mapping without ``model`` is a profile (e.g. ``{dataset: gsm8k}``). Rates are T = 0 values (see
+    module docstring).
     """
     key = _method_key(method)
     if cfg is None:
@@ -943,7 +945,11 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
                             f"allowed: {', '.join(allowed)}")
     t = cfg.get("temperature", temperature)
     ds = cfg.get("draft_sampling", draft_sampling)
-    factor = rate_factor(key, t, ds)
+    scale = _number(cfg.get("rate_scale", rate_scale), "rate_scale")
+    if not scale >= 0:
+        raise CapacityError(f"speculative.acceptance.rate_scale is {scale:g}; use a multiplier >= 0 "
+                            "(e.g. 0.8 for acceptance 20 % lower)")
+    factor = rate_factor(key, t, ds) * scale
 
     def need(name: str) -> Any:
         if name not in cfg:
@@ -952,11 +958,11 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
 
     if model == "iid":
         alpha = IIDAcceptance(need("alpha")).alpha
-        return IIDAcceptance(alpha * factor)
+        return IIDAcceptance(min(alpha * factor, 1.0))
     if model == "chain":
         rates = validate_rates(need("rates"), cfg.get("basis", "conditional"))
         decay = cfg.get("decay", _profiles()["methods"][key]["decay"]["value"])
-        return ChainAcceptance(rates * factor, decay=decay)
+        return ChainAcceptance(np.minimum(rates * factor, 1.0), decay=decay)
     if model == "profile":
         by_n = cfg.get("by_n", True)
         if not isinstance(by_n, bool):
@@ -971,7 +977,7 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
     if not isinstance(base_cfg, Mapping) or base_cfg.get("model") in ("heterogeneous", "trace"):
         raise CapacityError("heterogeneous acceptance needs `base: {model: iid|chain|profile|histogram, ...}`")
     base = acceptance_from_config(base_cfg, method=key, target=target, dataset=dataset, temperature=t,
-                                  draft_sampling=ds)
+                                  draft_sampling=ds, rate_scale=scale)
     return HeterogeneousAcceptance(base, cfg.get("concentration"), cfg.get("correlation"))
 
 

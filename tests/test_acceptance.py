@@ -480,3 +480,18 @@ def test_deterministic_per_seed(cfg: dict) -> None:
     assert not np.array_equal(a, c)
     first = a[:500]
     assert (first[spec == 0] == 0).all() and (first <= spec).all() and (first >= 0).all()
+
+
+def test_rate_scale_multiplies_every_conditional_rate() -> None:
+    """The what-if "acceptance drops by 20 %": every conditional rate x 0.8, so under i.i.d. alpha the
+    expected tokens per step are the closed form at 0.8 alpha, and a profile's rates are its own x 0.8."""
+    iid = acceptance_from_config({"model": "iid", "alpha": 0.75, "rate_scale": 0.8}, method="eagle3", target=None)
+    a = 0.75 * 0.8
+    assert iid.expected_tokens(4) == pytest.approx((1 - a ** 5) / (1 - a))
+    base = acceptance_from_config({"dataset": "gsm8k"}, method="dflash", target="Qwen/Qwen3-8B")
+    low = acceptance_from_config({"dataset": "gsm8k", "rate_scale": 0.8}, method="dflash", target="Qwen/Qwen3-8B")
+    assert low.rates(7) == pytest.approx(np.minimum(base.rates(7) * 0.8, 1.0))
+    capped = acceptance_from_config({"model": "iid", "alpha": 0.9, "rate_scale": 1.5}, method="eagle3", target=None)
+    assert capped.expected_tokens(3) == pytest.approx(4.0)          # rates stay within [0, 1]
+    with pytest.raises(CapacityError, match="rate_scale"):
+        acceptance_from_config({"model": "iid", "alpha": 0.7, "rate_scale": -0.1}, method="eagle3", target=None)
