@@ -33,7 +33,7 @@ __all__ = [
     "provenance", "code_version", "method_column", "n_column", "load_column",
     "pareto_figure", "speedup_figure", "speedup_table", "gpus_vs_growth_figure", "gpus_vs_traffic_figure",
     "latency_cdf_figure", "per_request_latencies", "acceptance_figure", "validation_figure",
-    "METRIC_LABELS",
+    "speculation_by_load_figure", "METRIC_LABELS",
 ]
 
 # Column names as the sweep writes them (dotted scenario keys) and shorter spellings plan rows use.
@@ -305,6 +305,34 @@ def speedup_figure(rows: pd.DataFrame, *, source: str = "", metric: str = "tok_s
     fig.update_yaxes(title_text=f"speedup of {what} (× no speculation)", row=1, col=1)
     return _layout(fig, f"Speedup from speculative decoding ({what}, relative to method=none at the same load)",
                    source)
+
+
+def speculation_by_load_figure(sb: Mapping[str, Any], *, source: str = "") -> go.Figure:
+    """Expected speedup of one decode step against the number of running requests for the chosen N
+    (`policies.break_even`'s curve), with where it stops paying and the run's mean batch."""
+    curve = sb.get("curve") or {}
+    if not curve.get("batch"):
+        raise CapacityError("the speedup-by-load figure needs speculation_by_batch.curve (re-run the plan or simulation)")
+    n = sb.get("num_speculative_tokens")
+    fig = go.Figure(go.Scatter(x=curve["batch"], y=curve["speedup"], mode="lines", name=f"N={n}",
+                               line={"color": _colour(0)},
+                               hovertemplate="%{x} running requests<br>%{y:.2f}× per decode step<extra></extra>"))
+    fig.add_hline(y=1.0, line={"dash": "dash", "color": "#888"})
+    limit = sb.get("pays_up_to") or 0
+    if 0 < limit < sb.get("max_batch", limit + 1):
+        # a trace, not add_vline: a shape's x on a log axis is in decades
+        top = max(max(curve["speedup"]), 1.0) * 1.05
+        fig.add_trace(go.Scatter(x=[limit, limit], y=[0, top], mode="lines", name=f"pays up to {limit}",
+                                 line={"dash": "dot", "color": "#c00"}, hoverinfo="skip"))
+    if sb.get("at_batch"):
+        fig.add_trace(go.Scatter(x=[sb["at_batch"]], y=[sb["speedup_at_batch"]], mode="markers",
+                                 name="mean running requests of the run", marker={"symbol": "star", "size": 13,
+                                                                                  "color": "black"}))
+    fig.update_xaxes(type="log", title_text="running requests per replica (requests)")
+    fig.update_yaxes(title_text="expected speedup of one decode step (× no speculation)", rangemode="tozero")
+    ctx = sb.get("mean_context_tokens")
+    return _layout(fig, f"Where speculation pays: N={n}, decode steps at a mean context of "
+                        f"{ctx:,.0f} tokens" if ctx else f"Where speculation pays: N={n}", source)
 
 
 def gpus_vs_growth_figure(candidates: pd.DataFrame, base_rate_rps: float | None, *, source: str = "",

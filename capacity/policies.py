@@ -237,8 +237,9 @@ def break_even(step_time_s: Callable[[int, float, int], float], expected_tokens:
     (`step_time_s(batch, mean_context, n)`, e.g. `decode_step_time`). Speculation pays while S ≥ 1.
     Returns the largest B in 1..max_batch with S(B) ≥ 1 (`pays_up_to`; 0: not even at one request;
     max_batch: at every batch the engine allows), S at one request and at `at_batch`, and the
-    goodput-best N in 0..n at `at_batch` (`policy`: the off_above policy that keeps those gains).
-    A decode-only view: prefill chunks sharing the step are left out."""
+    goodput-best N in 0..n at `at_batch` (`policy`: the off_above policy that keeps those gains), and
+    S on a geometric grid of batch sizes (`curve`). A decode-only view: prefill chunks sharing the step
+    are left out."""
     n, max_batch = int(n), max(int(max_batch), 1)
     tau = [1.0] + [float(expected_tokens(k)) for k in range(1, n + 1)]
 
@@ -257,4 +258,6 @@ def break_even(step_time_s: Callable[[int, float, int], float], expected_tokens:
         goodput = [tau[k] / step_time_s(b, mean_context, k) for k in range(n + 1)]
         out["best_n_at_batch"] = int(np.argmax(goodput))
     out["policy"] = ({"kind": "static"} if limit >= max_batch else {"kind": "off_above", "max_batch_size": limit})
+    grid = sorted(set(np.unique(np.round(np.geomspace(1, max_batch, 48)).astype(int)).tolist()) | {limit, max_batch} - {0})
+    out["curve"] = {"batch": grid, "speedup": [speedup(b) for b in grid]}   # for the speedup-by-load figure
     return out

@@ -243,7 +243,15 @@ def _load_simulate(folder: Path) -> Report:
     req = _read_csv(folder / "requests.csv") if (folder / "requests.csv").is_file() else None
     rep.summary += payload_lines(payload) + _acceptance_line(req)
     _requests_figures(rep, {"simulated": req} if req is not None else {}, sc)
+    _speculation_by_load(rep, payload.get("speculation_by_batch"))
     return rep
+
+
+def _speculation_by_load(rep: Report, sb: Any) -> None:
+    """The speedup-by-load figure of a speculative run (plan recommendation or simulate payload)."""
+    if isinstance(sb, dict) and sb.get("curve"):
+        _try(rep, "speculation_by_load", "Where speculation pays",
+             lambda: F.speculation_by_load_figure(sb, source=rep.source))
 
 
 def _load_validate(folder: Path) -> Report:
@@ -396,6 +404,7 @@ def _load_plan(folder: Path) -> Report:
         runs = {n.replace("_", " "): _read_csv(ev_dir / n / "requests.csv") for n in names}
     rep.summary += _acceptance_line(next(iter(runs.values()), None))
     _requests_figures(rep, runs, sc if isinstance(sc, dict) else {})
+    _speculation_by_load(rep, (rec or {}).get("speculation_by_batch"))
     return rep
 
 

@@ -340,6 +340,24 @@ def test_validation_figure_points_and_bands(validate_dir):
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
 
 
+def test_speculation_by_load_figure_is_the_closed_form():
+    """Step time a + b·B·(1 + n): the one-step speedup is τ(a + bB)/(a + bB(1 + n)), crossing 1 at
+    B* = a(τ − 1)/(b(1 + n − τ)); the figure draws that curve and marks floor(B*)."""
+    from capacity.policies import break_even
+
+    a, b, n, tau = 0.010, 0.00004, 3, 2.6
+    sb = break_even(lambda B, c, k: a + b * B * (1 + k), {1: 1.7, 2: 2.2, 3: tau}.__getitem__, n, 800.0, 1024,
+                    at_batch=20)
+    fig = figures.speculation_by_load_figure(sb, source="test")
+    curve, limit, star = fig.data
+    x = np.asarray(curve.x, dtype=float)
+    assert np.allclose(curve.y, tau * (a + b * x) / (a + b * x * (1 + n)))
+    assert list(limit.x) == [math.floor(a * (tau - 1) / (b * (1 + n - tau)))] * 2
+    assert list(star.x) == [20] and fig.layout.xaxis.type == "log"
+    with pytest.raises(CapacityError, match="curve"):
+        figures.speculation_by_load_figure({"num_speculative_tokens": 3}, source="test")
+
+
 def test_figures_say_where_they_came_from():
     src = figures.provenance("chatbot", None)
     assert src.startswith("scenario chatbot · ")
@@ -423,8 +441,8 @@ def test_simulate_report(sim_dir, tmp_path):
     out = tmp_path / "sim.html"
     assert run_cli(["report", str(sim_dir), "--out", str(out)]) == 0
     rep = report.build_report(sim_dir)
-    assert [s for s, _ in rep.figures] == ["latency_cdf", "acceptance"]
-    text = check_page(out, 2)
+    assert [s for s, _ in rep.figures] == ["latency_cdf", "acceptance", "speculation_by_load"]
+    text = check_page(out, 3)
     for needle in ("capacity simulate report: report-test", "scenario report-test",
                    "TTFT and TPOT distributions against the SLOs", "TTFT per request (ms, log scale)",
                    "fraction of requests (cumulative, 0–1)", "draft position j (token)",
@@ -523,7 +541,7 @@ def test_png_export(sim_dir, tmp_path, monkeypatch):
     png = tmp_path / "png"
     assert run_cli(["report", str(sim_dir), "--out", str(tmp_path / "r.html"), "--png", str(png)]) == 0
     pngs = sorted(png.glob("*.png"))
-    assert [p.stem for p in pngs] == ["01_latency_cdf", "02_acceptance", "03_draft_and_verify"]
+    assert [p.stem for p in pngs] == ["01_latency_cdf", "02_acceptance", "03_speculation_by_load", "04_draft_and_verify"]
     for p in pngs:
         head = p.read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
