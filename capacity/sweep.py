@@ -283,6 +283,12 @@ def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> d
     r = result.requests
     steps = int(r["spec_steps"].sum())
     row["spec_mean_accepted_length"] = 1 + float(r["spec_accepted"].sum()) / steps if steps else None
+    from capacity.summary import speculation_by_batch
+
+    sb = speculation_by_batch(result) if steps else None
+    # where the point's N stops paying (policies.break_even), and its expected one-step speedup there
+    row["spec_pays_up_to_running"] = sb["pays_up_to"] if sb else None
+    row["spec_step_speedup_at_mean_batch"] = sb.get("speedup_at_batch") if sb else None
     row["error"] = None
     row["wall_time_s"] = time.perf_counter() - t0
     return _plain(row)
@@ -427,8 +433,11 @@ def load_results(out: str | os.PathLike[str]):
     """A sweep's results as a pandas DataFrame: one row per grid point, in grid order.
 
     Columns: point_id, the swept keys (dotted names), stable, num_gpus, the flattened metrics
-    (ttft_ms_p99, tpot_ms_p90, output_throughput_tok_s_per_gpu, goodput_rps, slo_met, ...),
-    error (None, or why the point could not be simulated) and wall_time_s.
+    (ttft_ms_p99, tpot_ms_p90, output_throughput_tok_s_per_gpu, goodput_rps, slo_met, ...), for
+    speculative points spec_mean_accepted_length, spec_pays_up_to_running (the most running requests
+    per replica at which the point's N still speeds a decode step up) and
+    spec_step_speedup_at_mean_batch, error (None, or why the point could not be simulated) and
+    wall_time_s.
     """
     import pandas as pd
 

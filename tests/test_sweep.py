@@ -329,3 +329,19 @@ def test_capacity_cli_has_the_sweep_command(tmp_path, capsys):
     import capacity
 
     assert capacity.load_results is sweep.load_results
+
+
+def test_a_speculative_point_says_where_its_n_stops_paying():
+    """Lower acceptance gains less per step, so the break-even batch cannot grow; a point without
+    speculation has none."""
+    base = {**copy.deepcopy(TINY), "deployment": {"gpu": "MI300X", "model": "google/gemma-4-31B-it"}}
+    rows = {}
+    for pid, alpha in (("hi", 0.8), ("lo", 0.5)):
+        over = {"speculative.method": "gemma4_mtp", "speculative.num_speculative_tokens": 3,
+                "speculative.acceptance": {"model": "iid", "alpha": alpha}}
+        rows[pid] = sweep.run_point(base, sweep.Point(0, pid, over))
+    plain = sweep.run_point(base, sweep.Point(0, "none", {}))
+    assert rows["hi"]["error"] is None and rows["hi"]["spec_pays_up_to_running"] >= 1
+    assert rows["lo"]["spec_pays_up_to_running"] <= rows["hi"]["spec_pays_up_to_running"]
+    assert rows["lo"]["spec_step_speedup_at_mean_batch"] < rows["hi"]["spec_step_speedup_at_mean_batch"]
+    assert plain["spec_pays_up_to_running"] is None
