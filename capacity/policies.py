@@ -162,21 +162,23 @@ class GoodputPolicy:
 def decode_step_time(target_cost: StepCostModel, draft_cost: Any | None) -> Callable[[int, float, int], float]:
     """Time of a decode step of B requests at mean context c verifying n drafts each: the target
     forward over B·(n + 1) tokens (context c + n + 1 at its end) with overheads, plus the drafter
-    (`draft_cost.time_s`, any object with that method) for the same step."""
+    (`draft_cost.time_s`, any object with that method) for the same step. B may be an array of batch
+    sizes (one time each, priced in one vectorised call)."""
     model = target_cost.model
     from capacity.step_cost import StepFeatures
 
-    def step(batch: int, context: float, n: int) -> float:
+    def step(batch: int | np.ndarray, context: float, n: int) -> float | np.ndarray:
         q = n + 1
         c = max(float(context), 0.0) + q
-        f = StepFeatures(num_tokens=float(batch * q), num_seqs=float(batch), num_sampled=float(batch * q),
-                         attn_flops=float(batch * model.attention_flops(q, c)),
-                         kv_read_bytes=float(batch * model.kv_read_bytes(c)),
-                         verify_seqs=float(batch if n > 0 else 0))
-        t = float(sum(np.asarray(v, dtype=float) for v in target_cost.time_parts(f).values()))
+        b = np.asarray(batch, dtype=float) if isinstance(batch, np.ndarray) else float(batch)
+        f = StepFeatures(num_tokens=b * q, num_seqs=b, num_sampled=b * q,
+                         attn_flops=b * float(model.attention_flops(q, c)),
+                         kv_read_bytes=b * float(model.kv_read_bytes(c)),
+                         verify_seqs=b if n > 0 else 0.0 * b)
+        t = sum(np.asarray(v, dtype=float) for v in target_cost.time_parts(f).values())
         if draft_cost is not None and n > 0:
-            t += float(draft_cost.time_s(batch, batch * q, batch * c, n))
-        return t
+            t = t + np.asarray(draft_cost.time_s(b, b * q, b * c, n), dtype=float)
+        return float(t) if np.ndim(t) == 0 else t
 
     return step
 
@@ -228,13 +230,14 @@ def policy_from_config(cfg: Mapping[str, Any] | None, N: int, *, target_cost: St
     return GoodputPolicy(max_n, acceptance.expected_tokens, step_time_s, **options)
 
 
-def break_even(step_time_s: Callable[[int, float, int], float], expected_tokens: Callable[[int], float],
+def break_even(step_time_s: Callable[[Any, float, int], Any], expected_tokens: Callable[[int], float],
                n: int, mean_context: float, max_batch: int, at_batch: int | None = None) -> dict[str, Any]:
     """Up to which batch size drafting `n` tokens per request pays, at one mean context.
 
     The expected speedup of one decode step of B requests is S(B) = τ(n) · T(B, 0) / T(B, n): τ(n)
     tokens per request from the acceptance model against the plain step's one, over the step times
-    (`step_time_s(batch, mean_context, n)`, e.g. `decode_step_time`). Speculation pays while S ≥ 1.
+    (`step_time_s(batch, mean_context, n)`, e.g. `decode_step_time`, called with an array of every
+    batch size 1..max_batch at once). Speculation pays while S ≥ 1.
     Returns the largest B in 1..max_batch with S(B) ≥ 1 (`pays_up_to`; 0: not even at one request;
     max_batch: at every batch the engine allows), S at one request and at `at_batch`, and the
     goodput-best N in 0..n at `at_batch` (`policy`: the off_above policy that keeps those gains), and
@@ -243,21 +246,24 @@ def break_even(step_time_s: Callable[[int, float, int], float], expected_tokens:
     n, max_batch = int(n), max(int(max_batch), 1)
     tau = [1.0] + [float(expected_tokens(k)) for k in range(1, n + 1)]
 
-    def speedup(b: int, k: int = n) -> float:
-        return tau[k] * step_time_s(b, mean_context, 0) / step_time_s(b, mean_context, k)
+    def speedup(b, k: int = n):
+        return tau[k] * np.asarray(step_time_s(b, mean_context, 0), dtype=float) \
+            / np.asarray(step_time_s(b, mean_context, k), dtype=float)
 
-    pays = [b for b in range(1, max_batch + 1) if speedup(b) >= 1.0]
+    batches = np.arange(1, max_batch + 1)
+    s_all = np.broadcast_to(speedup(batches), batches.shape)          # S(B) for every B, one call
+    paying = np.flatnonzero(s_all >= 1.0)
     # the largest batch that pays; S(B) falls with B in practice, so this is the crossing
-    limit = max(pays, default=0)
+    limit = int(batches[paying[-1]]) if paying.size else 0
     out: dict[str, Any] = {"num_speculative_tokens": n, "mean_context_tokens": float(mean_context),
-                           "max_batch": max_batch, "pays_up_to": limit, "speedup_at_1": speedup(1)}
+                           "max_batch": max_batch, "pays_up_to": limit, "speedup_at_1": float(s_all[0])}
     if at_batch is not None and at_batch >= 1:
         b = int(round(at_batch))
         out["at_batch"] = b
-        out["speedup_at_batch"] = speedup(b)
-        goodput = [tau[k] / step_time_s(b, mean_context, k) for k in range(n + 1)]
+        out["speedup_at_batch"] = float(s_all[b - 1]) if b <= max_batch else float(speedup(b))
+        goodput = [tau[k] / float(step_time_s(b, mean_context, k)) for k in range(n + 1)]
         out["best_n_at_batch"] = int(np.argmax(goodput))
     out["policy"] = ({"kind": "static"} if limit >= max_batch else {"kind": "off_above", "max_batch_size": limit})
-    grid = sorted(set(np.unique(np.round(np.geomspace(1, max_batch, 48)).astype(int)).tolist()) | {limit, max_batch} - {0})
-    out["curve"] = {"batch": grid, "speedup": [speedup(b) for b in grid]}   # for the speedup-by-load figure
+    grid = sorted(set(np.round(np.geomspace(1, max_batch, 48)).astype(int).tolist()) | {limit, max_batch} - {0})
+    out["curve"] = {"batch": grid, "speedup": [float(s_all[g - 1]) for g in grid]}   # the speedup-by-load figure
     return out
