@@ -59,9 +59,9 @@ def client_of(row: dict[str, Any]) -> dict[str, Any]:
 
 def length_fractions(row: dict[str, Any]) -> tuple[float, float]:
     """(low, high): the row's client drew random lengths uniformly from [low, high] x the nominal
-    isl/osl (benchmark_clients.yaml, by `source_id`; InferenceX's [0.8, 1.0] for other sources)."""
+    isl/osl (benchmark_clients.yaml, by `source_id`; its default entry for other sources)."""
     entry = client_of(row)
-    return float(entry.get("low", 0.8)), float(entry.get("high", 1.0))
+    return float(entry["low"]), float(entry["high"])
 
 
 def random_lengths(row: dict[str, Any], isl: float, osl: float) -> dict[str, dict[str, Any]]:

@@ -1136,14 +1136,13 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         low, high = length_fractions(row)
         shape = ("exactly isl/osl tokens" if low == high == 1.0 else
                  f"uniform in [{low:g}, {high:g}] x isl/osl tokens")
+        assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
         if "closed" in load_type:
             traffic = {"arrival": {"process": "closed_loop", "concurrency": int(conc)}, "num_requests": 10 * int(conc)}
             value, metric = _num(row.get("reported_value")), "reported_tok_s_per_gpu"
-            assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
         elif "poisson" in load_type:
             traffic = {"arrival": {"process": "poisson", "rate_rps": float(conc)}, "num_requests": POISSON_PROMPTS}
             value, metric = _num(row.get("e2e_ms")), "e2e_ms"
-            assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
         else:
             c.reason = f"load type '{row.get('load_type')}' is not modelled"
             continue
