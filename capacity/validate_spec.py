@@ -1052,7 +1052,7 @@ class ServingCase:
 def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
     """Decide, for each rocm_blog row, whether and how it is modelled (see predict_serving_rows)."""
     from capacity.models import load_model
-    from capacity.validate import length_fractions, model_aliases, random_lengths, v0_engine
+    from capacity.validate import client_of, length_fractions, model_aliases, random_lengths, v0_engine
 
     cases: list[ServingCase] = []
     for i, row in enumerate(df.to_dict(orient="records")):
@@ -1136,7 +1136,8 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         low, high = length_fractions(row)
         shape = ("exactly isl/osl tokens" if low == high == 1.0 else
                  f"uniform in [{low:g}, {high:g}] x isl/osl tokens")
-        assumptions.append(f"random prompts and outputs {shape} (the client's draw, benchmark_clients.yaml)")
+        basis = client_of(row).get("basis", "stated by the source")
+        assumptions.append(f"random prompts and outputs {shape} (the client's draw, {basis}; benchmark_clients.yaml)")
         if "closed" in load_type:
             traffic = {"arrival": {"process": "closed_loop", "concurrency": int(conc)}, "num_requests": 10 * int(conc)}
             value, metric = _num(row.get("reported_value")), "reported_tok_s_per_gpu"
