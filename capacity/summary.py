@@ -42,7 +42,7 @@ def simulation_summary(result: SimulationResult) -> str:
     d = sc.deployment
     dep = result.deployed
     lines = [
-        f"Scenario   {sc.name}: {dep.model.name} ({dep.model.weight_precision}) on {d.replicas} × {d.tensor_parallel_size}× {dep.gpu.name}"
+        f"Scenario   {sc.name}: {dep.model.name} ({dep.model.weight_precision}) on {d.replicas} replica(s) × TP{d.tensor_parallel_size} {dep.gpu.name}"
         f" = {result.num_gpus} GPU(s); KV cache {dep.memory['kv_cache_tokens']:,} tokens per replica",
     ]
     if sc.speculative.method != "none":

@@ -79,6 +79,8 @@ PROMPTS_PER_USER = 16        # closed loop runs min(16·C, MAX_PROMPTS) prompts 
 MIN_PROMPTS = 64
 MAX_PROMPTS = 1024           # the z-lab/dflash client's default --num-prompts (inferred client)
 QUICK_PROMPTS_PER_USER = 4
+ELASTICITY_SPAN = 2 ** 0.5   # the load's conditioning is measured between C / span and C * span
+POORLY_DETERMINED = 0.5      # elasticity below this: a 10 % baseline error moves C by more than 21 %
 FITTED_PARAMETER = "draft_pass_overhead_us"
 # A draft pass's fixed cost (launches, metadata, sampling) is bounded by what a whole target forward's
 # fixed cost is on these GPUs (MI300X `step_overhead_ms` fitted 1.8 ms): [0, 2 ms]. Wider bounds let
@@ -134,7 +136,7 @@ def read_spec_measurements(path: str | Path) -> pd.DataFrame:
 
 def marginal_rates(value: Any) -> list[float]:
     """The per_position_acceptance cell as a list of floats ([] when empty)."""
-    text = str(value if value is not None else "").replace(",", " ").split()
+    text = str(value if value is not None else "").replace(",", " ").replace(";", " ").split()
     try:
         return [float(x) for x in text]
     except ValueError:
@@ -315,12 +317,20 @@ class LoadInference:
     num_prompts: int
     evaluations: int
     note: str = ""
+    elasticity: float = math.nan            # d ln(baseline) / d ln(C) around C (ELASTICITY_SPAN either side)
 
     @property
     def tolerance(self) -> float:
         """Relative step of the simulated baseline between the bracketing integer loads."""
         lo, hi = self.bracket_tok_s
         return abs(hi - lo) / max(min(lo, hi), 1e-9) if lo > 0 else math.inf
+
+    @property
+    def c_factor_per_10pct(self) -> float:
+        """How far C moves (as a factor) if the simulated baseline were 10 % off: 1.1^(1/elasticity).
+        Near saturation the baseline barely grows with C, and the inferred load is poorly determined."""
+        e = self.elasticity
+        return 1.1 ** (1.0 / e) if e > 0 else math.inf
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.deployment.target, "gpu": self.deployment.gpu, "tp": self.deployment.tp,
@@ -330,7 +340,8 @@ class LoadInference:
                 "simulated_baseline_tok_s": self.simulated_baseline_tok_s, "bracket": list(self.bracket),
                 "bracket_tok_s": list(self.bracket_tok_s), "num_prompts": self.num_prompts,
                 "relative_error": self.simulated_baseline_tok_s / self.measured_baseline_tok_s - 1.0,
-                "evaluations": self.evaluations, "note": self.note}
+                "evaluations": self.evaluations, "note": self.note, "elasticity": self.elasticity,
+                "c_factor_per_10pct": self.c_factor_per_10pct}
 
 
 def infer_concurrency(dep: Deployment, measured_tok_s: float, prompts_per_user: int = PROMPTS_PER_USER,
@@ -367,8 +378,13 @@ def infer_concurrency(dep: Deployment, measured_tok_s: float, prompts_per_user: 
             else:
                 hi = mid
     best = min((lo, hi), key=lambda c: abs(math.log(f(c) / measured_tok_s)))
+    # conditioning: the baseline's elasticity in C over [C / span, C * span] (adjacent integers are
+    # too close to see through the simulation's sampling noise)
+    c_lo = max(1, round(best / ELASTICITY_SPAN))
+    c_hi = max(c_lo + 1, min(max_concurrency, round(best * ELASTICITY_SPAN)))
+    elasticity = math.log(f(c_hi) / f(c_lo)) / math.log(c_hi / c_lo)
     return LoadInference(dep, float(measured_tok_s), int(best), f(best), (lo, hi), (f(lo), f(hi)),
-                         num_prompts(best, prompts_per_user), len(cache), note)
+                         num_prompts(best, prompts_per_user), len(cache), note, elasticity)
 
 
 def _infer_star(args):
@@ -717,11 +733,22 @@ def summary_text(s: dict[str, Any]) -> str:
     lines.append(f"Workload (assumed): {s['workload']}; prompts per load: min({s['prompts_per_user']}*C, {MAX_PROMPTS})")
     lines.append("")
     lines.append("Load inferred per target (closed loop of C users, from the mean measured baseline):")
-    lines.append(f"  {'target':30} {'GPU':7} {'TP':>2} {'C':>4} {'measured':>9} {'simulated':>9} {'err':>6} {'step':>6}")
+    lines.append(f"  {'target':30} {'GPU':7} {'TP':>2} {'C':>4} {'measured':>9} {'simulated':>9} {'err':>6} "
+                 f"{'step':>6} {'tok/s/user':>10} {'dlnB/dlnC':>9} {'C range if B 10% off':>20}")
+    poor = []
     for ld in s["loads"]:
-        lines.append(f"  {ld['target'][:30]:30} {ld['gpu']:7} {ld['tp']:2d} {ld['concurrency']:4d} "
+        e, k = ld.get("elasticity", math.nan), ld.get("c_factor_per_10pct", math.nan)
+        c = ld["concurrency"]
+        span = f"{c / k:.0f}-{c * k:.0f}" if math.isfinite(k) else "unbounded"
+        lines.append(f"  {ld['target'][:30]:30} {ld['gpu']:7} {ld['tp']:2d} {c:4d} "
                      f"{ld['measured_baseline_tok_s']:9,.0f} {ld['simulated_baseline_tok_s']:9,.0f} "
-                     f"{ld['relative_error']:+6.1%} {ld['bisection_step']:6.1%}")
+                     f"{ld['relative_error']:+6.1%} {ld['bisection_step']:6.1%} "
+                     f"{ld['measured_baseline_tok_s'] / c:10.1f} {e:9.2f} {span:>20}")
+        if not e >= POORLY_DETERMINED:
+            poor.append(ld["target"])
+    if poor:
+        lines.append(f"  poorly determined (the baseline barely grows with C there, so a small error in the simulated "
+                     f"baseline moves C a lot): {', '.join(poor)}")
     lines.append("")
     lines.append("Fitted draft_pass_overhead_us per method (start = methods.yaml), spec_seq_overhead_us and "
                  "spec_token_overhead_us per GPU (start = hardware profile), in us:")

@@ -528,7 +528,7 @@ def test_browser_sliders_switch_frames(tmp_path):
     frame = explainer.explainer_data()["frames"][ai][n - 1]
     rounds = len(frame["shown"])
     dom = res.stdout
-    assert f'id="explainer-alpha-value">0.50<' in dom and f'id="explainer-n-value">{n}<' in dom
+    assert 'id="explainer-alpha-value">0.50<' in dom and f'id="explainer-n-value">{n}<' in dom
     assert f"rounds used: <b>{rounds}</b>" in dom
     assert f"<b>{frame['sampled_mean']:.3f}</b>" in dom and f"<b>{frame['expected']:.3f}</b>" in dom
     assert f">round {rounds} (+{frame['shown'][-1] + 1})<" in dom and f">round {rounds + 1} (" not in dom

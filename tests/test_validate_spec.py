@@ -59,6 +59,7 @@ def test_labels_and_rates_parse():
     assert vs.marginal_rates("0.9 0.8 0.7") == [0.9, 0.8, 0.7]
     with pytest.raises(CapacityError):
         vs.marginal_rates("0.9 x")
+    assert vs.marginal_rates("0.9;0.7") == vs.marginal_rates("0.9, 0.7") == vs.marginal_rates("0.9 0.7") == [0.9, 0.7]
 
 
 # --------------------------------------------------------------------------------------- load model
@@ -71,6 +72,20 @@ def test_bisection_picks_the_closest_integer_load():
     assert ld.simulated_baseline_tok_s == 1200.0
     ld = vs.infer_concurrency(dep, 1290.0, throughput=fake)
     assert ld.concurrency == 13
+
+
+@pytest.mark.parametrize("exponent", [1.0, 0.25])
+def test_load_conditioning_is_the_baseline_elasticity_in_c(exponent):
+    """For a baseline B(C) = a * C^e the elasticity d ln B / d ln C is e at every C, and a 10 % error
+    in B moves the inferred C by the factor 1.1^(1/e): 1.1 when B grows like C, 1.46 when it
+    saturates like C^0.25."""
+    dep = vs.Deployment("Qwen/Qwen3-8B", "MI300X", 1, None, None, None)
+    fake = lambda sc: 100.0 * sc["traffic"]["arrival"]["concurrency"] ** exponent  # noqa: E731
+    ld = vs.infer_concurrency(dep, 100.0 * 40 ** exponent, throughput=fake)
+    assert ld.concurrency == 40
+    assert ld.elasticity == pytest.approx(exponent, rel=1e-12)
+    assert ld.c_factor_per_10pct == pytest.approx(1.1 ** (1 / exponent), rel=1e-12)
+    assert (ld.elasticity < vs.POORLY_DETERMINED) == (exponent < 0.5)
 
 
 def test_inferred_load_reproduces_the_measured_baseline():
