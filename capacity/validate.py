@@ -132,7 +132,7 @@ def row_speculation(row: dict[str, Any]) -> tuple[dict | None, str | None]:
     """The `speculative` section of a row that states its method, N and mean acceptance length (an
     i.i.d. rate with that mean: (1 - a^(N+1)) / (1 - a) = acceptance_length), or (None, why not)."""
     from capacity.acceptance import iid_alpha_for_length
-    from capacity.validate_spec import serving_draft, serving_method
+    from capacity.validate_spec_serving import serving_draft, serving_method
 
     label = str(row.get("spec_method", ""))
     n, length = _num(row.get("num_spec_tokens")), _num(row.get("acceptance_length"))
@@ -437,19 +437,19 @@ PINNED = "speculative row used to pin its series' unreported acceptance rate"
 
 def with_blog_series(out: pd.DataFrame, rows: pd.DataFrame, workers: int, progress: bool) -> pd.DataFrame:
     """Fill in the ROCm blog rows the row-by-row mapping cannot model, with the speculative serving
-    check (capacity.validate_spec.predict_serving_rows): speculative rows whose acceptance is not
+    check (capacity.validate_spec_serving.predict_serving_rows): speculative rows whose acceptance is not
     stated (the seed article's profile of the same drafter, or one i.i.d. rate per series pinned on
     its lowest load, that row then counting as skipped) and baselines measured only in
     `reported_value`. Every prediction is the simulated value itself, and says its assumptions."""
-    from capacity import validate_spec
+    from capacity import validate_spec_serving
 
     if "source_id" not in rows.columns:
         return out
     open_rows = out["skipped"].isin([SPEC_WITHOUT_ACCEPTANCE, NOTHING_TO_PREDICT]) \
-        & out["source_id"].astype(str).str.startswith(validate_spec.SERVING_SOURCE_PREFIX)
+        & out["source_id"].astype(str).str.startswith(validate_spec_serving.SERVING_SOURCE_PREFIX)
     if not open_rows.any():
         return out
-    table, _ = validate_spec.predict_serving_rows(rows=rows, workers=workers, progress=progress)
+    table, _ = validate_spec_serving.predict_serving_rows(rows=rows, workers=workers, progress=progress)
     out = out.copy()
     for col in ["assumptions", "stable"] + [f"predicted_{c}" for c in SERIES_METRIC_COLUMN.values()]:
         if col not in out.columns:

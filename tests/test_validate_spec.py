@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from capacity import validate_spec as vs
+from capacity import validate_spec_serving as serving
 from capacity.errors import CapacityError
 
 SEED = vs.default_spec_files()[0]
@@ -256,7 +257,7 @@ def test_fold_fallbacks_never_use_the_left_out_value():
 def test_serving_rows_are_planned_with_reasons():
     df = pd.read_csv(vs.default_serving_file(), dtype=str, keep_default_na=False)
     df = df[df.source_id.str.startswith("rocm_blog")].reset_index(drop=True)
-    cases = vs.plan_serving_rows(df)
+    cases = serving.plan_serving_rows(df)
     assert len(cases) == len(df)
     by = {(c.row["source_id"], c.row["model"], c.row["spec_method"], c.row["concurrency_or_qps"]): c for c in cases}
     skipped = [c for c in cases if c.status == "skip"]
