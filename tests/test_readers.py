@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from capacity import readers, validate
@@ -41,6 +42,17 @@ def test_unknown_formats_are_one_line_errors():
     config = Path(__file__).parents[1] / "capacity" / "data" / "model_configs" / "meta-llama__Llama-3.1-8B.json"
     with pytest.raises(CapacityError, match="not a `vllm bench serve --save-result` result"):
         readers.detect_format(config)
+
+
+@pytest.mark.parametrize("name, drop", [("seed_spec_decode.csv", "baseline_output_tok_s"),
+                                        ("serving_vllm.csv", "model")])
+def test_a_known_csv_missing_a_column_says_which(tmp_path, name, drop):
+    """A shipped measurement file with one required column removed is named for what it looks like and
+    for the missing column, instead of "unknown format"."""
+    bad = tmp_path / name
+    pd.read_csv(SHIPPED / name, dtype=str, keep_default_na=False).drop(columns=[drop]).head(5).to_csv(bad, index=False)
+    with pytest.raises(CapacityError, match=f"lacks the column\\(s\\) {drop};"):
+        readers.detect_format(bad)
 
 
 def test_detailed_result_row_replays_the_recorded_requests():
