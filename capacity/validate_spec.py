@@ -731,13 +731,12 @@ def summary_text(s: dict[str, Any]) -> str:
              + ("" if not s.get("skipped_reasons") else "; skipped: "
                 + "; ".join(f"{n}x {r}" for r, n in s["skipped_reasons"].items()))]
     lines.append(f"Workload (assumed): {s['workload']}; prompts per load: min({s['prompts_per_user']}*C, {MAX_PROMPTS})")
-    head = {k: (s["errors"][k]["overall"] or [{}])[0] for k in ("default", "fitted", "loto")}
-    if head["default"]:
-        lines.append("Speedup error, median / p90 |pred - meas| / meas: "
-                     f"the planner as shipped {head['default']['median_ape']:.1%} / {head['default']['p90_ape']:.1%} "
-                     f"(what it predicts for these rows); re-fitted on these rows {head['fitted']['median_ape']:.1%} / "
-                     f"{head['fitted']['p90_ape']:.1%}; leave-one-target-out {head['loto']['median_ape']:.1%} / "
-                     f"{head['loto']['p90_ape']:.1%}")
+    if s["errors"]["default"]["overall"]:
+        lines.append("Speedup error, median / p90 |pred - meas| / meas: " + "; ".join(
+            f"{label} {o['median_ape']:.1%} / {o['p90_ape']:.1%}"
+            for label, o in (("the planner as shipped (what it predicts for these rows)", s["errors"]["default"]["overall"][0]),
+                             ("re-fitted on these rows", s["errors"]["fitted"]["overall"][0]),
+                             ("leave-one-target-out", s["errors"]["loto"]["overall"][0]))))
     lines.append("")
     lines.append("Load inferred per target (closed loop of C users, from the mean measured baseline):")
     lines.append(f"  {'target':30} {'GPU':7} {'TP':>2} {'C':>4} {'measured':>9} {'simulated':>9} {'err':>6} "
