@@ -19,7 +19,9 @@ import subprocess
 import sys
 import time
 
-from capacity import scenario, simulate
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
 
 HOUR = ["deployment.replicas=8", "traffic.arrival.rate_rps=10", "traffic.num_requests=36000"]
 

@@ -1,5 +1,17 @@
-"""capacity: a capacity planner for LLM serving with speculative decoding on AMD Instinct GPUs."""
+"""capacity: a capacity planner for LLM serving with speculative decoding on AMD Instinct GPUs.
+
+The package is layered (docs/architecture.md): util, errors, paths <- inputs <- cost <- spec <- sim
+<- {measurements, studies} <- fidelity <- report <- cli. This file is the public front door and
+imports nothing at start-up, so `import capacity.errors` does not pull in the whole package.
+"""
 
 __version__ = "0.1.0"
 
-from capacity.sweep import load_results  # noqa: E402,F401
+
+def __getattr__(name: str):
+    # `capacity.load_results(DIR)`: the sweep study's reader, imported on first use (it pulls in
+    # pandas and the simulator, which a plain `import capacity.<module>` should not pay for).
+    if name == "load_results":
+        from capacity.studies.sweep import load_results
+        return load_results
+    raise AttributeError(f"module 'capacity' has no attribute {name!r}")

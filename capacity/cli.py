@@ -52,7 +52,9 @@ def _clean(obj: Any) -> Any:
 
 # ---------------------------------------------------------------------- commands
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from capacity import scenario as scenario_mod, simulate, summary
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    from capacity.sim import summary
 
     sc = scenario_mod.load(args.scenario, args.set)
     if args.seed is not None:
@@ -77,7 +79,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from capacity import plan
+    from capacity.studies import plan
 
     result = plan.run(args.scenario, args.set, workers=args.workers, progress=not args.json)
     if args.out:
@@ -92,7 +94,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
-    from capacity.hardware import list_gpus
+    from capacity.inputs.hardware import list_gpus
 
     gpus = list_gpus()
     if args.json:
@@ -112,7 +114,7 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from capacity.models import list_models
+    from capacity.inputs.models import list_models
 
     models = list_models()
     if args.json:
@@ -134,7 +136,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from capacity.drafting import methods_table
+    from capacity.spec.decoding import methods_table
 
     table = methods_table()
     if args.json:
@@ -149,7 +151,9 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from capacity import readers, validate, validate_spec
+    from capacity.measurements import readers
+    from capacity.fidelity import serving as validate
+    from capacity.fidelity import speedups as validate_spec
 
     files = list(args.measurements or [])
     payload: dict = {}
@@ -191,7 +195,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from capacity import calibrate
+    from capacity.fidelity import calibrate
 
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
                            progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
@@ -286,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=cmd_calibrate)
 
-    from capacity.sweep import add_sweep_parser
+    from capacity.studies.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
 
@@ -300,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from capacity import report  # plotly and pandas: imported only when a report is made
+    from capacity.report import build as report  # plotly and pandas: imported only when a report is made
 
     return report.cmd_report(args)
 

@@ -8,7 +8,7 @@ Speculative Decoding in vLLM on AMD GPUs", AMD and Embedded LLM; copied verbatim
 ``per_position_acceptance`` column holds the MARGINAL survivals S_1..S_N (P(accepted >= j)) of one
 run with N = ``num_speculative_tokens``; ``mean_accepted_length`` = E[tau] = 1 + sum S_j.
 
-What is written (the rules themselves are implemented in ``capacity/acceptance.py``):
+What is written (the rules themselves are implemented in ``capacity/spec/acceptance.py``):
 
 * ``by_n``: for every method x target x dataset x N, the conditional rates a_j = S_j / S_{j-1} of
   that row (4 decimals). The default profile model uses the row of the requested N.
@@ -131,7 +131,7 @@ def _extend(rates: np.ndarray, n: int, delta: float) -> np.ndarray:
 
 
 def _interp(rows: dict[int, np.ndarray], n: int, delta: float) -> np.ndarray:
-    """The by-N rule (same as capacity.acceptance._rates_by_n)."""
+    """The by-N rule (same as capacity.spec.acceptance._rates_by_n)."""
     ns = sorted(rows)
     if n in rows:
         return rows[n][:n]
@@ -330,7 +330,7 @@ def build() -> dict:
 # ------------------------------------------------------------------------------------------------
 
 HEADER = """\
-# Acceptance profiles for capacity.acceptance (speculative decoding), GENERATED - do not edit by hand.
+# Acceptance profiles for capacity.spec.acceptance (speculative decoding), GENERATED - do not edit by hand.
 # Regenerate with:  python scripts/fit_acceptance_profiles.py
 #
 # Provenance

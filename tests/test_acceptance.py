@@ -1,4 +1,4 @@
-"""Acceptance models (capacity.acceptance) against independent truth.
+"""Acceptance models (capacity.spec.acceptance) against independent truth.
 
 Truth used here: the closed forms of the truncated geometric (Leviathan et al. 2023), the chain
 identity E[tau] = 1 + sum S_j, and the seed article's published per-position acceptance and mean
@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity.acceptance import (
+from capacity.spec.acceptance import (
     AcceptanceModel, ChainAcceptance, HeterogeneousAcceptance, HistogramAcceptance, IIDAcceptance,
     ProfileAcceptance, TraceAcceptance, acceptance_from_config, load_profiles, profile_rates, validate_rates,
 )

@@ -5,7 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import calibrate, validate
+from capacity.fidelity import calibrate
+
+from capacity.fidelity import serving as validate
 from capacity.paths import data_dir
 
 

@@ -11,8 +11,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import bench_writer, calibrate, readers, scenario as scenario_mod, simulate, validate
-from capacity.hardware import load_gpu, save_profile
+from capacity.measurements import bench_writer
+
+from capacity.fidelity import calibrate
+
+from capacity.measurements import readers
+
+from capacity.inputs import scenario as scenario_mod
+
+from capacity.sim import simulate
+
+from capacity.fidelity import serving as validate
+from capacity.inputs.hardware import load_gpu, save_profile
 
 MODEL = "meta-llama/Llama-3.1-8B"
 # (concurrency, input, output, prompts): a lone user (idle engine) and two loaded closed loops, where
@@ -170,7 +180,7 @@ def test_the_kept_fit_is_the_round_with_the_lowest_simulated_cost(result_files, 
 def test_closed_loop_ends_solve_their_equation():
     """The one-pass step ends equal iterating end_k = c_k + max_{j<=k}(L_j - c_{j-1}) to its fixed
     point, L_j = max(base_j, end[dispatch] + d) over requests first scheduled at step j, bit for bit."""
-    from capacity.calibrate import ClosedLoopEnds
+    from capacity.fidelity.calibrate import ClosedLoopEnds
 
     rng = np.random.default_rng(3)
     for trial in range(30):

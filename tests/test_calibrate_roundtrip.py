@@ -15,10 +15,18 @@ import numpy as np
 import pytest
 import yaml
 
-from capacity import bench_writer, calibrate, readers, scenario as scenario_mod, simulate
-from capacity.acceptance import acceptance_from_config
+from capacity.measurements import bench_writer
+
+from capacity.fidelity import calibrate
+
+from capacity.measurements import readers
+
+from capacity.inputs import scenario as scenario_mod
+
+from capacity.sim import simulate
+from capacity.spec.acceptance import acceptance_from_config
 from capacity.cli import main
-from capacity.hardware import load_gpu
+from capacity.inputs.hardware import load_gpu
 
 MODEL = "meta-llama/Llama-3.1-8B"
 RUNS = [(1, 128, 128, 4), (1, 6000, 16, 3), (1, 1500, 16, 3), (32, 2000, 128, 64), (8, 256, 256, 16)]

@@ -3,7 +3,7 @@
 Expected drafting times are rebuilt here from the method's cost structure (methods.yaml / vLLM's
 proposers): the pieces are toy architectures built in this file and priced with separate
 StepCostModel calls, or memory-bound rooflines worked out by hand (bytes / bandwidth). Nothing is
-copied from drafting.py's output.
+copied from spec/decoding.py's output.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import types
 import numpy as np
 import pytest
 
-from capacity.drafting import (DraftCost, SpeculativeDecoding, build_speculation, get_method, list_methods,
+from capacity.spec.decoding import (DraftCost, SpeculativeDecoding, build_speculation, get_method, list_methods,
                                methods_table, resolve_draft)
 from capacity.errors import CapacityError
-from capacity.hardware import load_gpu
-from capacity.models import DraftInfo, ModelArch, load_model
-from capacity.policies import OffAbovePolicy, StaticPolicy
-from capacity.speculation import NoSpeculation
-from capacity.step_cost import StepCostModel, StepFeatures, StepTime
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import DraftInfo, ModelArch, load_model
+from capacity.spec.policies import OffAbovePolicy, StaticPolicy
+from capacity.spec.interface import NoSpeculation
+from capacity.cost.step_cost import StepCostModel, StepFeatures, StepTime
 
 EFF = {"gemm": 0.5, "hbm": 0.8, "attention": 0.5, "allreduce": 0.7, "step_overhead_ms": 1.0,
        "per_seq_overhead_us": 0.0}
@@ -382,7 +382,7 @@ def test_build_speculation_off_and_wired(gpu, monkeypatch):
         seen.update(method=method, target=target, dataset=dataset)
         return StubAcceptance(0.0)
 
-    monkeypatch.setitem(sys.modules, "capacity.acceptance",
+    monkeypatch.setitem(sys.modules, "capacity.spec.acceptance",
                         types.SimpleNamespace(acceptance_from_config=acceptance_from_config))
     spec = build_speculation({"method": "dflash", "num_speculative_tokens": 7, "acceptance": {"dataset": "gsm8k"},
                               "policy": {"kind": "goodput", "max_n": 7}}, gpu, t, 1)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import simpy
 
-from capacity.engine import EngineLimits, Replica, RequestTable
-from capacity.step_cost import StepFeatures
+from capacity.sim.engine import EngineLimits, Replica, RequestTable
+from capacity.cost.step_cost import StepFeatures
 
 
 class ConstantCost:
@@ -158,7 +158,8 @@ def test_same_inputs_same_result():
 
 def test_decode_runs_equal_step_by_step_simulation():
     """Fast-forwarding runs of identical decode steps must not change any result."""
-    from capacity import scenario, simulate
+    from capacity.inputs import scenario
+    from capacity.sim import simulate
 
     sc = scenario.from_dict({
         "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},

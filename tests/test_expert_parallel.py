@@ -1,4 +1,4 @@
-"""Expert parallelism (capacity/step_cost.py module docstring): the MoE part of a step is priced at
+"""Expert parallelism (capacity/cost/step_cost.py module docstring): the MoE part of a step is priced at
 the busiest of the EP GPUs. Truth: a Monte Carlo of uniform top-k routing over experts laid out
 whole on the GPUs, the closed form of the tensor-parallel price, and vLLM's EP = TP layout."""
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from capacity.errors import CapacityError
-from capacity.hardware import load_gpu
-from capacity.models import load_model
-from capacity.step_cost import StepCostModel, StepFeatures, expected_max_std_normal
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.cost.step_cost import StepCostModel, StepFeatures, expected_max_std_normal
 
 
 def _decode(batch: int) -> StepFeatures:
@@ -54,7 +54,7 @@ def test_busiest_gpu_matches_a_routing_monte_carlo(tokens: int) -> None:
     mean_touched = m.num_experts / tp * (1 - (1 - m.experts_per_token / m.num_experts) ** tokens)
     mean_pairs = tokens * m.experts_per_token / tp
     f, n = _decode(tokens), float(tokens)
-    from capacity.step_cost import expected_distinct_experts
+    from capacity.cost.step_cost import expected_distinct_experts
     experts = expected_distinct_experts(m.num_experts, m.experts_per_token, n)
     flops_ratio, bytes_ratio = ep_cost._busiest_expert_gpu(1.0, 1.0, n, experts)
     assert bytes_ratio == pytest.approx(touched / mean_touched, rel=0.05)
@@ -86,8 +86,8 @@ def test_imbalance_vanishes_for_large_batches() -> None:
 
 
 def test_scenario_rejects_expert_parallel_on_a_dense_model() -> None:
-    from capacity import simulate
-    from capacity.scenario import from_dict
+    from capacity.sim import simulate
+    from capacity.inputs.scenario import from_dict
 
     sc = from_dict({"deployment": {"gpu": "MI300X", "model": "Qwen/Qwen3-8B", "expert_parallel": True},
                              "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 5,
@@ -97,7 +97,7 @@ def test_scenario_rejects_expert_parallel_on_a_dense_model() -> None:
 
 
 def test_validation_rows_with_ep_equal_to_tp_are_modelled() -> None:
-    from capacity.validate import row_scenario
+    from capacity.fidelity.serving import row_scenario
 
     row = {"framework": "vllm", "gpu": "MI355X", "model": "MiniMax-M2.5", "precision": "fp8", "tp": 4, "ep": 4,
            "isl": 1024, "osl": 1024, "concurrency_or_qps": 8, "load_type": "closed_loop_concurrency",

@@ -1,4 +1,4 @@
-"""Tests of the GPU profiles in hw_profiles/ and their loader (capacity.hardware).
+"""Tests of the GPU profiles in hw_profiles/ and their loader (capacity.inputs.hardware).
 
 Expected values are the published figures, typed in here from their sources (the project's
 validation compilation hw_specs.csv, 2026, which cites them), never read from the code:
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from capacity.errors import CapacityError
-from capacity.hardware import (
+from capacity.inputs.hardware import (
     EFFICIENCY_KEYS,
     GpuProfile,
     list_gpus,

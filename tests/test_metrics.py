@@ -1,4 +1,4 @@
-"""Tests for capacity.metrics against hand-computed values and queueing closed forms."""
+"""Tests for capacity.sim.metrics against hand-computed values and queueing closed forms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from capacity.errors import CapacityError
-from capacity.metrics import (
+from capacity.sim.metrics import (
     RunInfo,
     Slo,
     assess_stability,

@@ -1,4 +1,4 @@
-"""Tests for capacity.models.
+"""Tests for capacity.inputs.models.
 
 Expected values are independent of the code: published parameter totals (sources beside each
 figure), hand arithmetic written out from the config dimensions, and brute-force sums. The research
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capacity.errors import CapacityError
-from capacity.models import DraftInfo, ModelArch, WEIGHT_FORMATS, list_models, load_model
+from capacity.inputs.models import DraftInfo, ModelArch, WEIGHT_FORMATS, list_models, load_model
 from capacity.paths import data_dir
 
 CONFIG_DIR = data_dir() / "model_configs"

@@ -1,12 +1,12 @@
 """Expert GEMMs of int4 (W4A16) MoE models are priced with the profile's `moe_int4` efficiency,
-every other expert format with `moe` (capacity.hardware.GpuProfile.moe_efficiency_key)."""
+every other expert format with `moe` (capacity.inputs.hardware.GpuProfile.moe_efficiency_key)."""
 
 import numpy as np
 import pytest
 
-from capacity.hardware import load_gpu
-from capacity.models import load_model
-from capacity.step_cost import StepCostModel
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.cost.step_cost import StepCostModel
 
 
 def _moe_seconds(model_id: str, **eff) -> float:

@@ -7,7 +7,9 @@ import json
 import pytest
 import yaml
 
-from capacity import scenario, simulate
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
 from capacity.cli import main
 
 SCENARIO = {
@@ -72,7 +74,7 @@ def test_plan_without_slos_or_feasible_candidates_is_one_line(tmp_path, capsys):
 def test_a_simulated_candidate_says_where_its_acceptance_comes_from():
     """The recommendation carries the drafter's acceptance basis: DSpark was measured on Qwen3-8B
     only (seed article), so for gemma-4-31B-it it is carried over and must say so."""
-    from capacity.plan import _simulate
+    from capacity.studies.plan import _simulate
 
     sc = {"name": "basis", "deployment": {"gpu": "MI300X", "model": "google/gemma-4-31B-it"},
           "speculative": {"method": "dspark", "num_speculative_tokens": 7},

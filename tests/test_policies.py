@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capacity.drafting import DraftCost
+from capacity.spec.decoding import DraftCost
 from capacity.errors import CapacityError
-from capacity.acceptance import IIDAcceptance
-from capacity.hardware import load_gpu
-from capacity.models import load_model
-from capacity.policies import GoodputPolicy, OffAbovePolicy, StaticPolicy, policy_from_config
-from capacity.step_cost import StepCostModel
+from capacity.spec.acceptance import IIDAcceptance
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.spec.policies import GoodputPolicy, OffAbovePolicy, StaticPolicy, policy_from_config
+from capacity.cost.step_cost import StepCostModel
 
 
 # every draft accepted with probability a, independently: S_j = a^j (the simulator's M0 model,
@@ -112,7 +112,7 @@ def test_break_even_batch_matches_the_closed_form():
     i.e. up to B* = a(τ − 1) / (b(1 + n − τ))."""
     import math
 
-    from capacity.policies import break_even
+    from capacity.spec.policies import break_even
 
     a, b, n = 0.010, 0.00004, 3
     acc = {1: 1.7, 2: 2.2, 3: 2.6}                       # E[τ(k)], a chain with falling rates
@@ -129,7 +129,7 @@ def test_break_even_batch_matches_the_closed_form():
 
 
 def test_break_even_when_speculation_always_or_never_pays():
-    from capacity.policies import break_even
+    from capacity.spec.policies import break_even
 
     free = break_even(lambda B, c, k: 0.01, lambda k: 1.0 + 0.5 * k, 2, 100.0, 256)
     assert free["pays_up_to"] == 256 and free["policy"] == {"kind": "static"}
@@ -140,7 +140,9 @@ def test_break_even_when_speculation_always_or_never_pays():
 def _closed_loop_speedup(users: int):
     """(simulated speedup of gemma4_mtp N=3 at i.i.d. alpha 0.7, the run's break-even analysis) for a
     closed loop of `users` with tiny prompts and no request delay: almost nothing but decode steps."""
-    from capacity import scenario as scenario_mod, simulate, summary
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    from capacity.sim import summary
 
     def run(spec):
         return simulate.run(scenario_mod.from_dict({

@@ -1,6 +1,6 @@
 import io
 
-from capacity.progress import Progress
+from capacity.util.progress import Progress
 
 
 class Terminal(io.StringIO):

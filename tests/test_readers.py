@@ -12,8 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import readers, validate
-from capacity.acceptance import acceptance_from_config
+from capacity.measurements import readers
+
+from capacity.fidelity import serving as validate
+from capacity.spec.acceptance import acceptance_from_config
 from capacity.cli import main
 from capacity.errors import CapacityError
 

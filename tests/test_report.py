@@ -15,7 +15,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import explainer, figures, report
+from capacity.report import explainer
+
+from capacity.report import figures
+
+from capacity.report import build as report
 from capacity.errors import CapacityError
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -343,7 +347,7 @@ def test_validation_figure_points_and_bands(validate_dir):
 def test_speculation_by_load_figure_is_the_closed_form():
     """Step time a + b·B·(1 + n): the one-step speedup is τ(a + bB)/(a + bB(1 + n)), crossing 1 at
     B* = a(τ − 1)/(b(1 + n − τ)); the figure draws that curve and marks floor(B*)."""
-    from capacity.policies import break_even
+    from capacity.spec.policies import break_even
 
     a, b, n, tau = 0.010, 0.00004, 3, 2.6
     sb = break_even(lambda B, c, k: a + b * B * (1 + k), {1: 1.7, 2: 2.2, 3: tau}.__getitem__, n, 800.0, 1024,
@@ -392,7 +396,7 @@ def test_explainer_sampled_means_match_the_closed_form(tmp_path):
     text = out.read_text()
     assert text.count(plotly_js_header()) == 1
     data = embedded_data(text)
-    assert data["model"] == "capacity.acceptance.IIDAcceptance"
+    assert data["model"] == "capacity.spec.acceptance.IIDAcceptance"
     assert len(data["alphas"]) == 21 and data["ns"] == list(range(1, 9))
     rounds = data["sample_rounds"]
     for ai, alpha in enumerate(data["alphas"]):

@@ -7,7 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from capacity import metrics, scenario, simulate
+from capacity.sim import metrics
+
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
 from capacity.cli import main
 
 

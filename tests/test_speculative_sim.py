@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from capacity import scenario, simulate
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
 from capacity.cli import main
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capacity import scenario, simulate
-from capacity.engine import StepRecorder, _float_sum
-from capacity.step_cost import AttentionTables, StepFeatures, StepTime, float_sum
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
+from capacity.sim.engine import StepRecorder, _float_sum
+from capacity.cost.step_cost import AttentionTables, StepFeatures, StepTime, float_sum
 
 
 @pytest.mark.parametrize("k", list(range(1, 20)) + [64, 200])

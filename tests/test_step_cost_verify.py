@@ -1,4 +1,4 @@
-"""Speculative-verification terms of the step cost (capacity/step_cost.py module docstring):
+"""Speculative-verification terms of the step cost (capacity/cost/step_cost.py module docstring):
 correlated expert routing of one sequence's 1 + N verification tokens, and the recurrent-state
 snapshots Gated DeltaNet layers store per verified draft. Expectations are closed forms from the
 model configs and the GPU profile, not the code's own output."""
@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capacity.hardware import load_gpu
-from capacity.models import load_model
-from capacity.step_cost import StepCostModel, StepFeatures
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.cost.step_cost import StepCostModel, StepFeatures
 
 
 def _verify_features(batch: int, n: int, ctx: float = 1000.0) -> StepFeatures:
@@ -84,7 +84,7 @@ def test_dense_target_has_no_snapshot_term() -> None:
 
 def test_engine_records_verifying_sequences() -> None:
     """A simulated speculative run records verify_seqs = the batch in its verification steps."""
-    from capacity import validate_spec as v
+    from capacity.fidelity import speedups as v
 
     row = {"target": "Qwen/Qwen3.5-27B", "method": "Native MTP", "draft_checkpoint": "(built-in MTP module)",
            "num_speculative_tokens": 2, "per_position_acceptance": "0.9 0.8"}

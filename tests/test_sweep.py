@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity import scenario, simulate, sweep
+from capacity.inputs import scenario
+
+from capacity.sim import simulate
+
+from capacity.studies import sweep
 from capacity.errors import CapacityError
 
 TINY = {
@@ -233,7 +237,7 @@ def test_sigkill_part_way_then_resume_gives_every_point_once(tmp_path):
     out = tmp_path / "out"
     results = out / sweep.RESULTS_FILE
     total = 16
-    cmd = [sys.executable, "-c", "import sys; from capacity.sweep import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "import sys; from capacity.studies.sweep import main; sys.exit(main())",
            str(path), "--out", str(out), "--workers", "2", "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:

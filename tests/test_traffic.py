@@ -1,4 +1,4 @@
-"""Tests for capacity.traffic against independent truth: distribution moments, closed forms from
+"""Tests for capacity.inputs.traffic against independent truth: distribution moments, closed forms from
 vLLM's benchmark code, and the trace statistics published in the traces README / trace_stats.csv.
 """
 
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
-from capacity.traffic import (
+from capacity.inputs.traffic import (
     ClosedLoop,
     EmpiricalLength,
     FixedLength,
@@ -253,7 +253,7 @@ def test_empirical_reproduces_published_trace_means() -> None:
     # Published in the traces README / trace_stats.csv (azure2023_conv.csv): in_mean 1154.7,
     # out_mean 211.1.
     published = {"input": 1154.7, "output": 211.1}
-    # The spread of each column, read straight from the CSV (not through capacity.traffic).
+    # The spread of each column, read straight from the CSV (not through capacity.inputs.traffic).
     raw = pd.read_csv(SHIPPED / "azure2023_conv.csv")
     spread = {"input": raw["ContextTokens"].std(ddof=0), "output": raw["GeneratedTokens"].std(ddof=0)}
     n = 200_000

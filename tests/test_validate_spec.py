@@ -1,4 +1,4 @@
-"""Validation against the seed article (capacity.validate_spec): schema, load inference, per-row
+"""Validation against the seed article (capacity.fidelity.speedups): schema, load inference, per-row
 prediction, re-pricing, regret."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import validate_spec as vs
-from capacity import validate_spec_serving as serving
+from capacity.fidelity import speedups as vs
+from capacity.fidelity import spec_serving as serving
 from capacity.errors import CapacityError
 
 SEED = vs.default_spec_files()[0]
@@ -179,11 +179,11 @@ def test_repricing_equals_a_full_simulation_with_the_override(method, draft, n):
 
 
 def test_block_drafter_beyond_its_block_is_modelled():
-    """The article ran Kimi-K2.5's block-8 DFlash drafter at N = 15; capacity.drafting refuses N > 7,
+    """The article ran Kimi-K2.5's block-8 DFlash drafter at N = 15; capacity.spec.decoding refuses N > 7,
     validate_spec prices the N asked for."""
-    from capacity import drafting
-    from capacity.hardware import load_gpu
-    from capacity.models import load_model
+    from capacity.spec import decoding as drafting
+    from capacity.inputs.hardware import load_gpu
+    from capacity.inputs.models import load_model
 
     gpu, target = load_gpu("MI300X"), load_model("moonshotai/Kimi-K2.5")
     cfg = {"method": "dflash", "num_speculative_tokens": 15, "draft": "z-lab/Kimi-K2.5-DFlash",

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from capacity import validate
-from capacity.acceptance import iid_alpha_for_length
+from capacity.fidelity import serving as validate
+from capacity.spec.acceptance import iid_alpha_for_length
 from capacity.errors import CapacityError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from capacity.validate import LOAD_NOT_STATED, NOTHING_TO_PREDICT, ValidationReport, summarize
+from capacity.fidelity.serving import LOAD_NOT_STATED, NOTHING_TO_PREDICT, ValidationReport, summarize
 
 
 def test_coverage_counts_uncomparable_rows_apart() -> None:

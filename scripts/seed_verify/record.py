@@ -1,18 +1,18 @@
 """Record per-step features of the baselines and every seed row (4 prompts per user) for re-pricing.
 
 Exploration harness of docs/seed_validation.md section 10 (not part of the package). The simulation
-is run WITHOUT the verification terms of capacity/step_cost.py (rho = 1, no state snapshots), so that
+is run WITHOUT the verification terms of capacity/cost/step_cost.py (rho = 1, no state snapshots), so that
 reprice.py can add any hypothesis on top. Usage (from the repository root, ~3 CPU-minutes x 2):
     PYTHONPATH=. python scripts/seed_verify/record.py 4
 """
 import math
 from pathlib import Path
-from capacity.step_cost import StepCostModel
+from capacity.cost.step_cost import StepCostModel
 StepCostModel.__init__.__defaults__ = (1, 1.0, math.inf)   # tp, rho = 1, snapshots free
 OUT = Path(__file__).resolve().parent
 import pickle, sys, time
 import numpy as np, pandas as pd
-from capacity import validate_spec as v
+from capacity.fidelity import speedups as v
 
 PPU = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 rows = pd.concat([v.read_spec_measurements(p) for p in v.default_spec_files()], ignore_index=True)

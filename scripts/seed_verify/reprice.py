@@ -10,10 +10,10 @@ per draft, as a multiple of one state write at the efficiency-scaled HBM bandwid
 """
 import pickle, math
 import numpy as np, pandas as pd
-from capacity.hardware import load_gpu
-from capacity.models import load_model
-from capacity.step_cost import StepCostModel, StepFeatures, expected_distinct_experts
-from capacity import validate_spec as v
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.cost.step_cost import StepCostModel, StepFeatures, expected_distinct_experts
+from capacity.fidelity import speedups as v
 
 from pathlib import Path
 D = pickle.load(open(Path(__file__).resolve().parent / "rec_ppu4.pkl", "rb"))

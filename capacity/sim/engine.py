@@ -34,8 +34,8 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from capacity.speculation import NoSpeculation, Speculation
-from capacity.step_cost import (NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, float_sum,
+from capacity.spec.interface import NoSpeculation, Speculation
+from capacity.cost.step_cost import (NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, float_sum,
                                  int_min, int_sum)
 
 
@@ -84,7 +84,7 @@ class RequestTable:
         self.spec_accepted = self.ints[:, ACCEPTED]
         self.spec_steps = self.ints[:, SPEC_STEPS]
         # engine-step indices (per replica) of arrival, first token and finish, for re-pricing
-        # a recorded schedule (calibrate.py)
+        # a recorded schedule (fidelity/calibrate.py)
         self.arrival_step = np.full(n, -1, dtype=np.int64)
         self.first_token_step = np.full(n, -1, dtype=np.int64)
         self.finish_step = np.full(n, -1, dtype=np.int64)

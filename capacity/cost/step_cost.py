@@ -70,8 +70,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 if TYPE_CHECKING:
-    from capacity.hardware import GpuProfile
-    from capacity.models import ModelArch
+    from capacity.inputs.hardware import GpuProfile
+    from capacity.inputs.models import ModelArch
 
 COMPONENTS = ("dense_gemm", "moe_gemm", "attention", "allreduce", "overhead", "draft")
 

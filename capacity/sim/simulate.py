@@ -1,8 +1,8 @@
 """Run one scenario: build the cluster from the scenario, drive the traffic, collect metrics.
 
 The path of a request: traffic.build_requests() gives it an arrival time and lengths; the
-Cluster's router hands it to a Replica (engine.py), whose steps are priced by StepCostModel
-(step_cost.py); when it finishes, metrics.summarize() turns the RequestTable into vLLM-bench
+Cluster's router hands it to a Replica (sim/engine.py), whose steps are priced by StepCostModel
+(cost/step_cost.py); when it finishes, metrics.summarize() turns the RequestTable into vLLM-bench
 statistics.
 """
 
@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from capacity import metrics
-from capacity.engine import EngineLimits, Replica, RequestTable
+from capacity.sim import metrics
+from capacity.sim.engine import EngineLimits, Replica, RequestTable
 from capacity.errors import CapacityError
-from capacity.hardware import GpuProfile, load_gpu
-from capacity.models import ModelArch, load_model
-from capacity.scenario import Scenario
-from capacity.speculation import Speculation
-from capacity.step_cost import StepCostModel
-from capacity.traffic import RequestStream, build_requests
+from capacity.inputs.hardware import GpuProfile, load_gpu
+from capacity.inputs.models import ModelArch, load_model
+from capacity.inputs.scenario import Scenario
+from capacity.spec.interface import Speculation
+from capacity.cost.step_cost import StepCostModel
+from capacity.inputs.traffic import RequestStream, build_requests
 
 
 @dataclass
@@ -60,7 +60,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
                             "(expert parallelism only applies to mixture-of-experts models)")
     kv_split = 1 if model.uses_mla else tp
     if speculation is None:
-        from capacity.drafting import build_speculation
+        from capacity.spec.decoding import build_speculation
 
         speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner)
         _share_draft_memo(speculation)

@@ -112,7 +112,8 @@ def _json_objects(text: str) -> list[Any] | None:
 
 def detect_format(path: str | Path) -> str:
     """The format of a measurement file (one of FORMATS), from its content; unknown is a one-line error."""
-    from capacity import validate, validate_spec
+    from capacity.fidelity import serving as validate
+    from capacity.fidelity import speedups as validate_spec
 
     path = Path(path)
     text = _text(path)
@@ -178,8 +179,8 @@ def _date(value: Any) -> str:
 def resolve_model(name: str) -> str:
     """A result's model id as a shipped architecture: as given, through model_aliases.yaml, or without an
     "-Instruct"/"-Chat" suffix (an instruction-tuned checkpoint has its base model's architecture)."""
-    from capacity import validate
-    from capacity.models import load_model
+    from capacity.fidelity import serving as validate
+    from capacity.inputs.models import load_model
 
     candidates = [name, validate.model_aliases().get(name, name)]
     candidates += [re.sub(r"-(Instruct|Chat|chat|instruct)(-\d+)?$", "", c) for c in candidates]
@@ -480,7 +481,7 @@ class Measurements:
 
 def load(files: list[str | Path], ov: Overrides | None = None) -> Measurements:
     """Read every file by its detected format."""
-    from capacity import validate
+    from capacity.fidelity import serving as validate
 
     ov = ov or Overrides()
     frames, acc, spec, formats = [], [], [], {}

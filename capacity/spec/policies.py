@@ -30,7 +30,7 @@ import numpy as np
 from capacity.errors import CapacityError
 
 if TYPE_CHECKING:
-    from capacity.step_cost import StepCostModel
+    from capacity.cost.step_cost import StepCostModel
 
 POLICY_KINDS = ("static", "off_above", "goodput")
 
@@ -165,7 +165,7 @@ def decode_step_time(target_cost: StepCostModel, draft_cost: Any | None) -> Call
     (`draft_cost.time_s`, any object with that method) for the same step. B may be an array of batch
     sizes (one time each, priced in one vectorised call)."""
     model = target_cost.model
-    from capacity.step_cost import StepFeatures
+    from capacity.cost.step_cost import StepFeatures
 
     def step(batch: int | np.ndarray, context: float, n: int) -> float | np.ndarray:
         q = n + 1

@@ -200,7 +200,7 @@ def spec_from_dict(data: dict[str, Any], source: str = "scenario") -> SweepSpec:
 
 def load_spec(name_or_path: str) -> SweepSpec:
     """Read a sweep scenario (a shipped name or a path)."""
-    from capacity import scenario as scenario_mod
+    from capacity.inputs import scenario as scenario_mod
 
     path, data = scenario_mod.read_yaml(name_or_path)
     return spec_from_dict(data, str(path))
@@ -208,7 +208,7 @@ def load_spec(name_or_path: str) -> SweepSpec:
 
 def point_scenario(base: dict[str, Any], point: Point, source: str = "scenario"):
     """The validated Scenario of one grid point (CapacityError names the point's overrides)."""
-    from capacity import scenario as scenario_mod
+    from capacity.inputs import scenario as scenario_mod
 
     data = scenario_mod.apply_overrides(copy.deepcopy(base), point.set_args())
     return scenario_mod.from_dict(data, f"{source} at point {point.point_id} ({point.describe()})")
@@ -220,9 +220,9 @@ def validate_points(spec: SweepSpec) -> None:
     Problems that depend on the combination (a model that does not fit, a method without a draft
     for that target) are results of the sweep: they are recorded in the point's `error` column.
     """
-    from capacity.drafting import get_method
-    from capacity.hardware import load_gpu
-    from capacity.models import load_model
+    from capacity.spec.decoding import get_method
+    from capacity.inputs.hardware import load_gpu
+    from capacity.inputs.models import load_model
 
     for p in spec.points:
         sc = point_scenario(spec.base, p, spec.source)
@@ -268,7 +268,7 @@ def _plain(value: Any) -> Any:
 
 def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> dict[str, Any]:
     """Simulate one grid point -> its result row (a CapacityError becomes the row's `error`)."""
-    from capacity import simulate
+    from capacity.sim import simulate
 
     t0 = time.perf_counter()
     row: dict[str, Any] = {"point_id": point.point_id, **point.overrides}
@@ -283,7 +283,7 @@ def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> d
     r = result.requests
     steps = int(r["spec_steps"].sum())
     row["spec_mean_accepted_length"] = 1 + float(r["spec_accepted"].sum()) / steps if steps else None
-    from capacity.summary import speculation_by_batch
+    from capacity.sim.summary import speculation_by_batch
 
     sb = speculation_by_batch(result) if steps else None
     # where the point's N stops paying (policies.break_even), and its expected one-step speedup there
@@ -678,14 +678,14 @@ def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m capacity.sweep ...`: the sweep command on its own (same as `capacity sweep ...`)."""
+    """`python -m capacity.studies.sweep ...`: the sweep command on its own (same as `capacity sweep ...`)."""
     from capacity.cli import main as cli_main
 
     return cli_main(["sweep", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # run the imported module's main, so that pickled functions and points refer to capacity.sweep
-    from capacity.sweep import main as _main
+    # run the imported module's main, so that pickled functions and points refer to capacity.studies.sweep
+    from capacity.studies.sweep import main as _main
 
     sys.exit(_main())

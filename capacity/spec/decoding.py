@@ -1,5 +1,5 @@
 """Drafting methods as data, the price of the drafter's work per engine step, and the object the
-engine talks to (`SpeculativeDecoding`, the `capacity.speculation.Speculation` protocol).
+engine talks to (`SpeculativeDecoding`, the `capacity.spec.interface.Speculation` protocol).
 
 * `capacity/data/methods.yaml` describes each method (mtp, gemma4_mtp, eagle3, dflash, dspark,
   draft_model, ngram): what the drafter is, how vLLM v1 runs it (with the vLLM source lines), how
@@ -28,7 +28,7 @@ engine talks to (`SpeculativeDecoding`, the `capacity.speculation.Speculation` p
   exactly. Not modelled: CPU-side proposer bookkeeping beyond the per-pass overhead, the
   all-gather of vocab-parallel logits, EAGLE/DFlash fc replication under TP (taken as split).
 
-The drafter's structure comes from `capacity.models`: draft checkpoints via `load_model`, the
+The drafter's structure comes from `capacity.inputs.models`: draft checkpoints via `load_model`, the
 native MTP module built from the target (one decoder layer — a MoE layer for MoE targets — with the
 target's per-layer attention, fc 2H→H, the target's LM head; `ModelArch.params_native_mtp`).
 """
@@ -44,15 +44,15 @@ import numpy as np
 import yaml
 
 from capacity.errors import CapacityError
-from capacity.models import ModelArch, load_model
+from capacity.inputs.models import ModelArch, load_model
 from capacity.paths import data_dir
-from capacity.policies import SpeculationPolicy, policy_from_config
-from capacity.speculation import NoSpeculation
-from capacity.step_cost import AttentionTables, StepCostModel, StepFeatures, StepTime, fast_maximum, int_sum
+from capacity.spec.policies import SpeculationPolicy, policy_from_config
+from capacity.spec.interface import NoSpeculation
+from capacity.cost.step_cost import AttentionTables, StepCostModel, StepFeatures, StepTime, fast_maximum, int_sum
 
 if TYPE_CHECKING:
-    from capacity.hardware import GpuProfile
-    from capacity.speculation import Speculation
+    from capacity.inputs.hardware import GpuProfile
+    from capacity.spec.interface import Speculation
 
 PART_KEYS = ("passes", "lm_head", "attention", "markov", "cpu", "overhead")
 """Keys of `DraftCost.parts`; they sum to `DraftCost.time_s`."""
@@ -326,7 +326,7 @@ def build_mtp_module(target: ModelArch) -> ModelArch:
     Parameters: ModelArch.params_native_mtp / modules (attention + fc 2H→H + norms + MLP or the full
     MoE block); FLOPs 2 × (module − routed experts + LM head) per token, routed experts as in one
     target MoE layer. Attention: one target full-attention layer — GQA 4·nq·head_dim per context
-    token (models.py convention), MLA and all-sparse (DSA) targets the average of their full-KV
+    token (inputs/models.py convention), MLA and all-sparse (DSA) targets the average of their full-KV
     layers; KV per token = ModelArch.mtp_kv_bytes_per_token / modules.
     """
     n = int(target.native_mtp_layers)
@@ -463,11 +463,11 @@ class DraftCost:
             self._first = self._piece(_without(reading, f"{arch.name} [first pass]"))
             fc = 0.0
             if m.flag("fc_first_pass_only"):
-                fc = _taps(arch, 3) * float(arch.hidden_size) ** 2      # fc taps·H -> H (models.py, EAGLE-3)
+                fc = _taps(arch, 3) * float(arch.hidden_size) ** 2      # fc taps·H -> H (inputs/models.py, EAGLE-3)
             self._later = self._piece(_without(reading, f"{arch.name} [pass]", drop_linear=fc))
         else:  # parallel_block
             h = float(arch.hidden_size)
-            fc = _taps(arch, arch.num_layers) * h * h                   # fc taps·H -> H (models.py, DFlash/DSpark)
+            fc = _taps(arch, arch.num_layers) * h * h                   # fc taps·H -> H (inputs/models.py, DFlash/DSpark)
             n_full, n_swa = arch.num_full_attention_layers, arch.num_sliding_attention_layers
             kv_proj = h * 2.0 * (n_full * (arch.full_num_kv_heads or arch.num_kv_heads) * (arch.full_head_dim or arch.head_dim)
                                  + n_swa * arch.num_kv_heads * arch.head_dim)
@@ -478,7 +478,7 @@ class DraftCost:
                 info = arch.draft
                 rank = (info.markov_rank if info is not None and info.markov_rank else 0)
                 vocab = (info.draft_vocab_size if info is not None and info.draft_vocab_size else arch.vocab_size)
-                markov = float(rank) * float(vocab)                     # markov_w2 [V, r] (models.py)
+                markov = float(rank) * float(vocab)                     # markov_w2 [V, r] (inputs/models.py)
                 self._markov = self._piece(_linear_only(arch, f"{arch.name} [Markov head]", markov, bpp["dense"],
                                                         per_sampled_row=True, dtype=arch.dense_weight_dtype))
             self._later = self._piece(_without(arch, f"{arch.name} [block pass]", drop_linear=fc + markov))
@@ -778,7 +778,7 @@ class SpeculativeDecoding:
         """Decode runs can be fast-forwarded when acceptance keeps no per-request state (sampling
         several steps ahead then costs nothing in fidelity)."""
         if self._stateless_acceptance is None:   # asked before every engine step: answered once
-            from capacity.acceptance import _Stateless
+            from capacity.spec.acceptance import _Stateless
 
             self._stateless_acceptance = isinstance(self.acceptance, _Stateless)
         return self._stateless_acceptance
@@ -851,7 +851,7 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     overrides = cfg.get("overrides") or cfg.get("method_overrides")
     draft_cost = DraftCost(method, gpu, target, draft, tp, max(n, n_max), overrides)
 
-    from capacity.acceptance import acceptance_from_config   # written alongside; imported lazily
+    from capacity.spec.acceptance import acceptance_from_config   # written alongside; imported lazily
 
     acc_cfg = cfg.get("acceptance")
     acc_dict = acc_cfg if isinstance(acc_cfg, Mapping) else {}

@@ -23,7 +23,7 @@ with them (what `capacity validate` gives); the re-priced ones are kept beside t
 says when the two disagree. Rows are recorded on the profile being calibrated (a YAML path too),
 and a row that cannot be re-recorded in a later round keeps its earlier schedule (with a warning).
 
-Input: any file `capacity.readers` knows (vllm bench serve results, the serving CSV schema;
+Input: any file `capacity.measurements.readers` knows (vllm bench serve results, the serving CSV schema;
 speculative-decoding counters become acceptance profiles). Only parameters the runs can identify
 are fitted (`identifiable_keys`); the others keep the profile's value and are reported.
 """
@@ -43,11 +43,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from capacity import validate
+from capacity.fidelity import serving as validate
 from capacity.errors import CapacityError
-from capacity.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
-from capacity.progress import Progress
-from capacity.step_cost import StepCostModel, StepFeatures
+from capacity.inputs.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
+from capacity.util.progress import Progress
+from capacity.cost.step_cost import StepCostModel, StepFeatures
 
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms")
@@ -117,7 +117,8 @@ def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER
 
     `gpu` (a profile name or YAML path) is the profile simulated, default the shipped profile named by
     the row; `efficiency` overrides its efficiency entries."""
-    from capacity import scenario as scenario_mod, simulate
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
 
     sc, reason = validate.row_scenario(row, prompts_per_user, speculative=False)
     if sc is None:
@@ -199,7 +200,7 @@ class Repricer:
     """Prices a recorded row under any efficiency parameters."""
 
     def __init__(self, rec: RecordedRow, gpu: GpuProfile):
-        from capacity.models import load_model
+        from capacity.inputs.models import load_model
 
         d = rec.scenario["deployment"]
         model = load_model(d["model"], weight_precision=d.get("precision"))
@@ -541,7 +542,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
     `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
     """
-    from capacity import readers
+    from capacity.measurements import readers
 
     profile = load_gpu(gpu)
     if not 0.0 <= holdout < 1.0:
@@ -680,7 +681,7 @@ def _write_acceptance(result: CalibrationResult, records: list, out: str | None)
         return
     import yaml
 
-    from capacity import readers
+    from capacity.measurements import readers
 
     by_n: dict[int, list] = {}
     for r in records:

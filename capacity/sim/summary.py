@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from capacity.simulate import SimulationResult
+from capacity.sim.simulate import SimulationResult
 
 
 def simulation_payload(result: SimulationResult) -> dict[str, Any]:
@@ -134,7 +134,7 @@ def speculation_by_batch(res) -> dict[str, Any] | None:
     """For a simulated speculative deployment: up to how many running requests its N pays
     (`policies.break_even` at the run's step-weighted mean decode context), the expected one-step
     speedup at one request and at the run's mean batch, and the best N there."""
-    from capacity.policies import break_even, decode_step_time
+    from capacity.spec.policies import break_even, decode_step_time
 
     spec = res.deployed.speculation
     n = int(getattr(spec, "num_speculative_tokens", 0) or 0)

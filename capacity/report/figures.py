@@ -8,7 +8,7 @@ CapacityError with one line saying what is missing, so a notebook user sees why 
 list it as "not drawn".
 
     import pandas as pd
-    from capacity import figures
+    from capacity.report import figures
     rows = pd.read_json("sweep/results.jsonl", lines=True)
     figures.pareto_figure(rows, source="sweep chatbot").show()
 """
@@ -47,7 +47,7 @@ LOAD_COLUMNS = {
 }
 NO_SPECULATION = "none"
 
-# Measured columns of a validate rows.csv (capacity.validate.PREDICTED) with their units.
+# Measured columns of a validate rows.csv (capacity.fidelity.serving.PREDICTED) with their units.
 METRIC_LABELS = {
     "output_tok_s_per_gpu": "output throughput (tok/s per GPU)",
     "total_tok_s_per_gpu": "total throughput (tok/s per GPU)",
@@ -450,7 +450,7 @@ def latency_cdf_figure(requests: pd.DataFrame | Mapping[str, pd.DataFrame], slo:
     """Cumulative distributions of TTFT and TPOT per request (one trace per run) with the scenario's
     SLOs: a vertical line at each threshold and a marker at (threshold, quantile); the SLO holds when
     the curve reaches the marker's height at or left of the line."""
-    from capacity.metrics import parse_slos
+    from capacity.sim.metrics import parse_slos
 
     runs = {"run": requests} if isinstance(requests, pd.DataFrame) else dict(requests)
     if not runs:

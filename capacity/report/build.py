@@ -9,8 +9,8 @@ The kind of folder is told by the files in it (first match wins):
 * simulate: ``result.json`` (+ ``requests.csv``, ``scenario.yaml``)
 
 The page has a header (what, scenario, commit, date), a short summary of the key numbers, every figure
-the data allows (capacity.figures; the ones it does not are listed with the reason) and the
-draft-and-verify view (capacity.explainer). plotly.js is embedded once, inline, so the page opens
+the data allows (capacity.report.figures; the ones it does not are listed with the reason) and the
+draft-and-verify view (capacity.report.explainer). plotly.js is embedded once, inline, so the page opens
 offline. ``--png DIR`` also writes each figure as PNG and SVG with kaleido (which draws in a headless
 Chrome/Chromium: BROWSER_PATH if set, else chromium/google-chrome on PATH) and a ``summary.md`` that
 links them.
@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from capacity import figures as F
+from capacity.report import figures as F
 from capacity.errors import CapacityError
 
 KINDS = (
@@ -186,9 +186,9 @@ def scenario_acceptance(sc: dict[str, Any]) -> tuple[np.ndarray | None, str]:
     if str(sp.get("method", "none")).lower() in ("none", "") or n <= 0:
         return None, "speculation is off"
     try:
-        from capacity.drafting import build_speculation
-        from capacity.hardware import load_gpu
-        from capacity.models import load_model
+        from capacity.spec.decoding import build_speculation
+        from capacity.inputs.hardware import load_gpu
+        from capacity.inputs.models import load_model
 
         d = sc.get("deployment") or {}
         gpu = load_gpu(d["gpu"])
@@ -265,7 +265,7 @@ def _load_validate(folder: Path) -> Report:
                        + (f" ({len(rows) - len(modelled)} skipped)" if len(rows) > len(modelled) else ""))
     overall = summ.get("overall") if isinstance(summ, dict) else None
     if not overall:
-        from capacity.validate import error_table
+        from capacity.fidelity.serving import error_table
 
         try:
             overall = error_table(modelled, [])
@@ -358,7 +358,7 @@ def _load_plan(folder: Path) -> Report:
         if rec.get("acceptance_basis"):
             rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
         if isinstance(rec.get("speculation_by_batch"), dict):
-            from capacity.summary import speculation_lines
+            from capacity.sim.summary import speculation_lines
 
             rep.summary.append("Speculation by load: " + "; ".join(
                 line.strip() for line in speculation_lines(rec["speculation_by_batch"])).removeprefix("speculation: "))
@@ -449,7 +449,7 @@ def figure_div(fig: go.Figure, div_id: str) -> str:
 
 
 def report_html(rep: Report) -> str:
-    from capacity.explainer import explainer_section
+    from capacity.report.explainer import explainer_section
 
     esc = html.escape
     header = (f"<h1>{esc(rep.title)}</h1><p>{esc(rep.kind)} results from <code>{esc(str(rep.folder))}</code> · "
@@ -513,7 +513,7 @@ def export_images(rep: Report, out_dir: Path) -> list[Path]:
         import kaleido
     except ImportError:
         raise CapacityError("PNG export needs kaleido >= 1: pip install 'kaleido>=1'") from None
-    from capacity.explainer import explainer_figure
+    from capacity.report.explainer import explainer_figure
 
     browser = find_browser()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -548,7 +548,7 @@ def export_images(rep: Report, out_dir: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------------- CLI
 def cmd_report(args: argparse.Namespace) -> int:
-    from capacity.explainer import write_explainer
+    from capacity.report.explainer import write_explainer
 
     if not args.results and not args.explainer:
         raise CapacityError("give a results folder (capacity report RESULTS) or --explainer FILE.html")

@@ -314,7 +314,7 @@ def save_profile(
     _check_values(provenance, where=f"fitted values for GPU {profile.name}")
     document = _yaml_document(profile.name, profile.vendor, profile.architecture, provenance)
     header = (
-        f"# GPU profile {profile.name} written by capacity.hardware.save_profile.\n"
+        f"# GPU profile {profile.name} written by capacity.inputs.hardware.save_profile.\n"
         f"# Efficiency entries with basis 'fitted' were fitted on: {' '.join(fitted_on.split())}\n"
         f"# Every other value and source is copied from {profile.path}. Schema: hw_profiles/README.md\n"
     )

@@ -8,7 +8,7 @@ A + 1 tokens, and writing a reply of `TARGET_TOKENS` tokens takes fewer rounds (
 one token per pass.
 
 The rounds are drawn in Python with the simulator's own acceptance model,
-`capacity.acceptance.IIDAcceptance(alpha)` (M0: every position accepted with probability alpha, stop at
+`capacity.spec.acceptance.IIDAcceptance(alpha)` (M0: every position accepted with probability alpha, stop at
 the first rejection), for a grid of alpha (0.00, 0.05, ..., 1.00) × N (1..8) with one fixed seed; the same
 seed for every grid cell means the same uniforms, so moving the alpha slider only ever adds accepted
 tokens. The page embeds those samples as JSON and its script only switches between them; next to the
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
-from capacity.acceptance import IIDAcceptance
-from capacity.figures import code_version
+from capacity.spec.acceptance import IIDAcceptance
+from capacity.report.figures import code_version
 
 ALPHAS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(21))
 NS: tuple[int, ...] = tuple(range(1, 9))
@@ -78,7 +78,7 @@ def _data(seed: int = SEED) -> str:
             row.append({"shown": [int(a) for a in shown], "sampled_mean": round(float(np.mean(acc + 1)), 5),
                         "expected": round(expected_tokens(alpha, n), 5)})
         frames.append(row)
-    return json.dumps({"model": "capacity.acceptance.IIDAcceptance", "seed": seed, "alphas": list(ALPHAS),
+    return json.dumps({"model": "capacity.spec.acceptance.IIDAcceptance", "seed": seed, "alphas": list(ALPHAS),
                        "ns": list(NS), "target_tokens": TARGET_TOKENS, "sample_rounds": SAMPLE_ROUNDS,
                        "frames": frames}, separators=(",", ":"))
 
@@ -240,7 +240,7 @@ was accepted, the correction otherwise. The rounds below are sampled with the si
 
 def explainer_page(source: str = "") -> str:
     """A self-contained page with the view alone (plotly.js inline once)."""
-    from capacity.report import page
+    from capacity.report.build import page
 
     return page("Draft and verify (speculative decoding)", [explainer_section(source)],
                 header="<h1>Draft and verify</h1><p>The acceptance model of the capacity simulator, "

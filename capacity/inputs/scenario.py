@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from capacity.errors import CapacityError
 from capacity.paths import scenarios_dir
-from capacity.traffic import TrafficConfig
+from capacity.inputs.traffic import TrafficConfig
 
 DEFAULT_SCENARIO = "default"
 
@@ -81,7 +81,7 @@ class Scenario(_Strict):
     traffic: TrafficConfig
     slo: str | None = Field(None, description="e.g. 'ttft:p99<1s;tpot:p90<40ms'")
     simulation: Simulation = Field(default_factory=Simulation)
-    plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/plan.py)")
+    plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/studies/plan.py)")
 
 
 def resolve_path(name_or_path: str | None) -> Path:

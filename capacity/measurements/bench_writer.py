@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from capacity.simulate import SimulationResult
+from capacity.sim.simulate import SimulationResult
 
 
 def _stats(values_s: np.ndarray, name: str, percentiles: tuple[float, ...]) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Speculative-decoding serving rows at a known load (serving_vllm.csv, `source_id` rocm_blog*).
 
-The seed article (capacity.validate_spec) gives speedups without a load; these AMD ROCm blog rows
+The seed article (capacity.fidelity.speedups) gives speedups without a load; these AMD ROCm blog rows
 state their load (one user, a closed loop of C users, or a Poisson rate) and are simulated as they
 were run. `predict_serving_rows` says what is modelled and how; `capacity validate` calls it for
 speculative rows whose acceptance is not given, and `capacity validate --spec` reports the summary.
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from capacity.errors import CapacityError
-from capacity.validate_spec import (FITTED_PARAMETER, METHOD_LABELS, PRECISIONS, WORKLOAD, _gpu_cost_overrides,
+from capacity.fidelity.speedups import (FITTED_PARAMETER, METHOD_LABELS, PRECISIONS, WORKLOAD, _gpu_cost_overrides,
                                     _num, _pool_map, _with_efficiency, ape, default_serving_file,
                                     simulate_scenario)
 
@@ -83,8 +83,8 @@ class ServingCase:
 
 def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
     """Decide, for each rocm_blog row, whether and how it is modelled (see predict_serving_rows)."""
-    from capacity.models import load_model
-    from capacity.validate import client_of, length_fractions, model_aliases, random_lengths, v0_engine
+    from capacity.inputs.models import load_model
+    from capacity.fidelity.serving import client_of, length_fractions, model_aliases, random_lengths, v0_engine
 
     cases: list[ServingCase] = []
     for i, row in enumerate(df.to_dict(orient="records")):
@@ -144,7 +144,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             else:
                 datasets = ["GSM8K", "MATH500", "HumanEval", "MBPP"]
                 assumptions.append("workload not stated: acceptance = mean of the seed profile's four datasets")
-            from capacity.acceptance import profile_rates
+            from capacity.spec.acceptance import profile_rates
 
             rates = np.mean([profile_rates(method, target_seed or model, d, n)[0] for d in datasets], axis=0)
             if model == "Qwen/Qwen3.6-35B-A3B":
@@ -337,7 +337,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
       are predicted in absolute terms (tok/s/GPU of unstated basis: output and total both given);
     * everything else is skipped with the reason (load not stated, drafts without a config, ...).
 
-    `rows` (string columns, as read by capacity.validate) replaces the file; the table's `row_index`
+    `rows` (string columns, as read by capacity.fidelity.serving) replaces the file; the table's `row_index`
     is each row's index there (in the file otherwise). `predicted` of a pinned series' rows is the
     measured baseline times the predicted speedup; `predicted_absolute` is the simulated value itself.
     """

@@ -27,7 +27,7 @@ import yaml
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
-from capacity.progress import Progress
+from capacity.util.progress import Progress
 
 PREDICTED = ("output_tok_s_per_gpu", "total_tok_s_per_gpu", "tok_s_per_user", "ttft_ms", "tpot_ms", "e2e_ms")
 SERVING_REQUIRED = ("gpu", "model", "framework", "tp", "isl", "osl", "concurrency_or_qps", "load_type")
@@ -131,8 +131,8 @@ METRICS = PREDICTED + (REPORTED,)
 def row_speculation(row: dict[str, Any]) -> tuple[dict | None, str | None]:
     """The `speculative` section of a row that states its method, N and mean acceptance length (an
     i.i.d. rate with that mean: (1 - a^(N+1)) / (1 - a) = acceptance_length), or (None, why not)."""
-    from capacity.acceptance import iid_alpha_for_length
-    from capacity.validate_spec_serving import serving_draft, serving_method
+    from capacity.spec.acceptance import iid_alpha_for_length
+    from capacity.fidelity.spec_serving import serving_draft, serving_method
 
     label = str(row.get("spec_method", ""))
     n, length = _num(row.get("num_spec_tokens")), _num(row.get("acceptance_length"))
@@ -154,8 +154,8 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
                  speculative: bool = True) -> tuple[dict | None, str | None]:
     """The scenario dict that reproduces a measured row, or (None, reason it cannot be modelled).
     `speculative=False` (calibration) refuses speculative rows."""
-    from capacity.hardware import looks_like_path, load_gpu
-    from capacity.models import load_model
+    from capacity.inputs.hardware import looks_like_path, load_gpu
+    from capacity.inputs.models import load_model
 
     if "vllm" not in str(row.get("framework", "")).lower():
         return None, f"framework '{row.get('framework')}' is not modelled (the simulator mimics vLLM v1)"
@@ -256,7 +256,7 @@ def row_stream(row: dict[str, Any], scenario: dict[str, Any]):
     Closed loop: the lengths in send order. Open loop: the recorded send times (`start_times`) when
     present, else vLLM's gamma/Poisson gaps drawn with the scenario's seed and rescaled as vLLM does.
     """
-    from capacity.traffic import RequestStream, TrafficConfig, _open_loop_arrivals
+    from capacity.inputs.traffic import RequestStream, TrafficConfig, _open_loop_arrivals
 
     exact = _lens(row)
     if exact is None:
@@ -284,7 +284,8 @@ def row_stream(row: dict[str, Any], scenario: dict[str, Any]):
 def predict_row(row: dict[str, Any], gpu_overrides: dict | None = None,
                 prompts_per_user: int = PROMPTS_PER_USER) -> dict[str, Any]:
     """Simulate one measured row; returns {predicted_<col>: value, ..., skipped: reason|None}."""
-    from capacity import scenario as scenario_mod, simulate
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
 
     sc_dict, reason = row_scenario(row, prompts_per_user)
     if sc_dict is None:
@@ -383,7 +384,7 @@ def summarize(rows: pd.DataFrame) -> dict[str, Any]:
 
 def calibrated_gpus() -> list[str]:
     """GPUs whose shipped profile has fitted efficiency parameters (the default validation scope)."""
-    from capacity.hardware import list_gpus
+    from capacity.inputs.hardware import list_gpus
 
     return [g.name for g in list_gpus()
             if any(g.provenance[f"efficiency.{k}"].basis == "fitted" for k in g.efficiency)]
@@ -437,11 +438,11 @@ PINNED = "speculative row used to pin its series' unreported acceptance rate"
 
 def with_blog_series(out: pd.DataFrame, rows: pd.DataFrame, workers: int, progress: bool) -> pd.DataFrame:
     """Fill in the ROCm blog rows the row-by-row mapping cannot model, with the speculative serving
-    check (capacity.validate_spec_serving.predict_serving_rows): speculative rows whose acceptance is not
+    check (capacity.fidelity.spec_serving.predict_serving_rows): speculative rows whose acceptance is not
     stated (the seed article's profile of the same drafter, or one i.i.d. rate per series pinned on
     its lowest load, that row then counting as skipped) and baselines measured only in
     `reported_value`. Every prediction is the simulated value itself, and says its assumptions."""
-    from capacity import validate_spec_serving
+    from capacity.fidelity import spec_serving as validate_spec_serving
 
     if "source_id" not in rows.columns:
         return out

@@ -34,7 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity.errors import CapacityError
-from capacity.progress import Progress
+from capacity.util.progress import Progress
 
 
 class _Strict(BaseModel):
@@ -138,8 +138,9 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
     B·P/S prefill tokens) and Little's law gives λ(B) = B / (S · t(B)). One vectorised pass over a
     grid of B prices every candidate batch at once.
     """
-    from capacity import scenario as scenario_mod, simulate
-    from capacity.step_cost import StepFeatures
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    from capacity.cost.step_cost import StepFeatures
 
     sc = scenario_mod.from_dict(scenario_dict, "plan candidate")
     dep = simulate.deploy(sc)
@@ -198,7 +199,9 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
 
 # ---------------------------------------------------------------------------------------------- simulation
 def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str, Any]:
-    from capacity import scenario as scenario_mod, simulate, summary
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    from capacity.sim import summary
 
     try:
         res = simulate.run(scenario_mod.from_dict(scenario_dict, "plan candidate"))
@@ -235,7 +238,9 @@ class PlanResult:
 
 def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
         progress: bool = True) -> PlanResult:
-    from capacity import metrics, scenario as scenario_mod, traffic
+    from capacity.sim import metrics
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.inputs import traffic
 
     t0 = time.perf_counter()
     prog = Progress("plan", progress)
@@ -261,7 +266,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     workers = max(1, min(workers or os.cpu_count() or 1, 8))
 
     # stage 1: analytic bracket for every candidate
-    from capacity.hardware import load_gpu
+    from capacity.inputs.hardware import load_gpu
 
     for i, c in enumerate(cands):
         prog.update("analytic bracket", i + 1, len(cands))
@@ -395,7 +400,7 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     """The target rate simulated on the recommendation (already done), on the same deployment with
     speculation off, and on the cheapest deployment without speculation: [{label, gpus, slo_met,
     metrics}] for the summary's with/without table. Empty when the recommendation drafts nothing."""
-    from capacity.summary import comparison_metrics
+    from capacity.sim.summary import comparison_metrics
 
     def entry(label: str, c: Candidate, replicas: int, res: dict[str, Any]) -> dict[str, Any]:
         m = res.get("metrics") or {}
@@ -458,7 +463,7 @@ def summary_text(p: PlanResult) -> str:
         lines.append("                acceptance: " + (basis if len(basis) <= 160 else basis[:157] + "..."))
     sb = r.get("speculation_by_batch")
     if sb:
-        from capacity.summary import speculation_lines
+        from capacity.sim.summary import speculation_lines
 
         lines += ["                " + line for line in speculation_lines(sb)]
     wo = r.get("without_speculation")
@@ -467,7 +472,7 @@ def summary_text(p: PlanResult) -> str:
                      f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
     runs = [c for c in r.get("comparison") or [] if c.get("metrics")]
     if len(runs) > 1:
-        from capacity.summary import metrics_table
+        from capacity.sim.summary import metrics_table
 
         lines.append("")
         lines += metrics_table(f"At {r['target_rate_rps']:g} req/s",

@@ -13,7 +13,7 @@ from typing import Protocol
 
 import numpy as np
 
-from capacity.step_cost import StepTime
+from capacity.cost.step_cost import StepTime
 
 
 class Speculation(Protocol):

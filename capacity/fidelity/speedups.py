@@ -27,7 +27,7 @@ throughput and the per-position acceptance. The article does not report the load
    best-N regret per (target, method, dataset).
 
 Serving rows (serving_vllm.csv, `source_id` starting `rocm_blog`) that measure speculative decoding at
-a stated load are predicted by `capacity.validate_spec_serving` (`run` includes them by default).
+a stated load are predicted by `capacity.fidelity.spec_serving` (`run` includes them by default).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ import pandas as pd
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
-from capacity.progress import Progress
-from capacity.step_cost import NUM_FEATURES, StepFeatures
+from capacity.util.progress import Progress
+from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
                  "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
@@ -121,7 +121,7 @@ def read_spec_measurements(path: str | Path) -> pd.DataFrame:
 
     Numeric columns are parsed; `per_position_acceptance` stays a space-separated string of marginal
     rates P(A >= k). Raises CapacityError naming the file and the missing columns."""
-    from capacity.validate import read_csv_checked
+    from capacity.fidelity.serving import read_csv_checked
 
     path = Path(path)
     df = read_csv_checked(path, SPEC_REQUIRED, "speculative-speedup")
@@ -256,12 +256,12 @@ def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PRO
 
 
 def build_speculation(spec_cfg: dict[str, Any], gpu, model, tp: int):
-    """`capacity.drafting.build_speculation`, except that N above a block drafter's trained block
+    """`capacity.spec.decoding.build_speculation`, except that N above a block drafter's trained block
     (block_size - 1) is allowed: the seed article ran Kimi-K2.5's block-8 DFlash drafter at N = 11 and
     15 and measured acceptance at every one of the N positions, so vLLM ran those blocks. The drafter
     is then priced with the N it is asked for (one forward over N + 1 queries)."""
-    from capacity import drafting
-    from capacity.policies import StaticPolicy
+    from capacity.spec import decoding as drafting
+    from capacity.spec.policies import StaticPolicy
 
     n = int(spec_cfg.get("num_speculative_tokens") or 0)
     name = str(spec_cfg.get("method") or "none")
@@ -280,9 +280,10 @@ def build_speculation(spec_cfg: dict[str, Any], gpu, model, tp: int):
 
 def simulate_scenario(sc: dict[str, Any]):
     """simulate.run on a scenario dict, with `build_speculation` above."""
-    from capacity import scenario as scenario_mod, simulate
-    from capacity.hardware import load_gpu
-    from capacity.models import load_model
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    from capacity.inputs.hardware import load_gpu
+    from capacity.inputs.models import load_model
 
     scen = scenario_mod.from_dict(sc, sc.get("name", "scenario"))
     d = scen.deployment
@@ -416,13 +417,13 @@ def speculative_config(row: dict[str, Any], overrides: dict[str, float] | None =
 
 def overhead_units(method: str, n: int) -> int:
     """Draft-pass overheads per drafting step: N sequential passes, or one block pass."""
-    from capacity.drafting import get_method
+    from capacity.spec.decoding import get_method
 
     return int(n) if get_method(method).kind == "sequential" else 1
 
 
 def default_overhead_us(method: str) -> float:
-    from capacity.drafting import get_method
+    from capacity.spec.decoding import get_method
 
     p = get_method(method).parameters.get(FITTED_PARAMETER)
     return float(p.value) if p is not None else 0.0
@@ -617,7 +618,7 @@ def fold_fallbacks(fit: dict[str, float], methods: list[str], gpus: list[str]) -
     kind (sequential drafters / one-pass block drafters: DSpark is the DFlash backbone, Gemma 4 MTP a
     sequential head like MTP and EAGLE-3); a GPU absent from the fold takes the mean of the fold's
     fitted GPUs (the host work is vLLM's, on similar server CPUs)."""
-    from capacity.drafting import get_method
+    from capacity.spec.decoding import get_method
 
     out = dict(fit)
     fitted_m = [m for m in sorted(set(methods)) if m in fit]
@@ -663,7 +664,7 @@ def cross_validate(runs: list[RowRun], methods: list[str], baselines: np.ndarray
 def repricing_is_exact(dep: Deployment) -> bool:
     """Re-pricing is exact when the closed loop's schedule cannot depend on step durations: no
     serving-stack delay between a request's dispatch and its arrival at the scheduler."""
-    from capacity.hardware import load_gpu
+    from capacity.inputs.hardware import load_gpu
 
     gpu = load_gpu(dep.gpu)
     if dep.gpu_overrides:
@@ -791,7 +792,7 @@ def summary_text(s: dict[str, Any]) -> str:
                  f"mean regret <= 2 % ({t['regret_ok']}), all rows modelled ({t['all_modelled']})")
     if s.get("serving"):
         lines.append("")
-        from capacity.validate_spec_serving import serving_text  # it imports this module
+        from capacity.fidelity.spec_serving import serving_text  # it imports this module
 
         lines += serving_text(s["serving"])
     lines.append(f"\nwall time {s['wall_time_s']:.0f} s")
@@ -989,7 +990,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     }
     serving_df = None
     if serving:
-        from capacity.validate_spec_serving import predict_serving_rows  # it imports this module
+        from capacity.fidelity.spec_serving import predict_serving_rows  # it imports this module
 
         serving_df, serving_summary = predict_serving_rows(workers=workers, progress=progress, quick=quick,
                                                            overrides=summary["fitted"])

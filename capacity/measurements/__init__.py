@@ -1,0 +1,1 @@
+"""What real benchmark runs wrote: schemas, readers, benchmark-client rules, a measured row as a scenario."""

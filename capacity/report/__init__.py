@@ -1,0 +1,1 @@
+"""Self-contained HTML reports (Plotly), figures, exports and the draft-and-verify explainer."""

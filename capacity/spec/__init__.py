@@ -1,0 +1,1 @@
+"""Speculative decoding: the engine's interface, drafting methods and their cost, acceptance models, policies."""

@@ -1,0 +1,1 @@
+"""Many simulations for one question: the capacity plan and what-if sweeps."""

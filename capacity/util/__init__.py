@@ -1,0 +1,1 @@
+"""Helpers every layer may use: progress on stderr, NaN-safe JSON."""
