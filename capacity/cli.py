@@ -136,7 +136,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from capacity.spec.decoding import methods_table
+    from capacity.spec.methods import methods_table
 
     table = methods_table()
     if args.json:

@@ -8,14 +8,12 @@ copied from spec/decoding.py's output.
 
 from __future__ import annotations
 
-import sys
-import types
-
 import numpy as np
 import pytest
 
-from capacity.spec.decoding import (DraftCost, SpeculativeDecoding, build_speculation, get_method, list_methods,
-                               methods_table, resolve_draft)
+from capacity.spec.decoding import SpeculativeDecoding, build_speculation, resolve_draft
+from capacity.spec.draft_cost import DraftCost
+from capacity.spec.methods import get_method, list_methods, methods_table
 from capacity.errors import CapacityError
 from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import DraftInfo, ModelArch, load_model
@@ -382,8 +380,7 @@ def test_build_speculation_off_and_wired(gpu, monkeypatch):
         seen.update(method=method, target=target, dataset=dataset)
         return StubAcceptance(0.0)
 
-    monkeypatch.setitem(sys.modules, "capacity.spec.acceptance",
-                        types.SimpleNamespace(acceptance_from_config=acceptance_from_config))
+    monkeypatch.setattr("capacity.spec.decoding.acceptance_from_config", acceptance_from_config)
     spec = build_speculation({"method": "dflash", "num_speculative_tokens": 7, "acceptance": {"dataset": "gsm8k"},
                               "policy": {"kind": "goodput", "max_n": 7}}, gpu, t, 1)
     assert seen == {"method": "dflash", "target": "Qwen/Qwen3-8B", "dataset": "gsm8k"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capacity.spec.decoding import DraftCost
+from capacity.spec.draft_cost import DraftCost
 from capacity.errors import CapacityError
 from capacity.spec.acceptance import IIDAcceptance
 from capacity.inputs.hardware import load_gpu

@@ -179,8 +179,8 @@ def test_repricing_equals_a_full_simulation_with_the_override(method, draft, n):
 
 
 def test_block_drafter_beyond_its_block_is_modelled():
-    """The article ran Kimi-K2.5's block-8 DFlash drafter at N = 15; capacity.spec.decoding refuses N > 7,
-    validate_spec prices the N asked for."""
+    """The article ran Kimi-K2.5's block-8 DFlash drafter at N = 15; build_speculation refuses N > 7,
+    unless asked to allow N past the block (as the speedup validation does), and then prices the N asked for."""
     from capacity.spec import decoding as drafting
     from capacity.inputs.hardware import load_gpu
     from capacity.inputs.models import load_model
@@ -190,7 +190,7 @@ def test_block_drafter_beyond_its_block_is_modelled():
            "acceptance": {"model": "iid", "alpha": 0.8}}
     with pytest.raises(CapacityError, match="block"):
         drafting.build_speculation(cfg, gpu, target, 4)
-    spec = vs.build_speculation(cfg, gpu, target, 4)
+    spec = drafting.build_speculation(cfg, gpu, target, 4, allow_n_past_block=True)
     assert spec.num_spec_tokens(8) == 15
     t15 = spec.draft_cost.time_s(8, 8 * 16, 8 * 1000, 15)
     t7 = spec.draft_cost.time_s(8, 8 * 8, 8 * 1000, 7)

@@ -48,6 +48,7 @@ from capacity.errors import CapacityError
 from capacity.paths import data_dir
 from capacity.util.progress import Progress
 from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
+from capacity.spec.decoding import build_speculation
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
                  "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
@@ -255,29 +256,6 @@ def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PRO
     return sc
 
 
-def build_speculation(spec_cfg: dict[str, Any], gpu, model, tp: int):
-    """`capacity.spec.decoding.build_speculation`, except that N above a block drafter's trained block
-    (block_size - 1) is allowed: the seed article ran Kimi-K2.5's block-8 DFlash drafter at N = 11 and
-    15 and measured acceptance at every one of the N positions, so vLLM ran those blocks. The drafter
-    is then priced with the N it is asked for (one forward over N + 1 queries)."""
-    from capacity.spec import decoding as drafting
-    from capacity.spec.policies import StaticPolicy
-
-    n = int(spec_cfg.get("num_speculative_tokens") or 0)
-    name = str(spec_cfg.get("method") or "none")
-    if n <= 0 or name.lower() in ("none", "off", ""):
-        return drafting.build_speculation(spec_cfg, gpu, model, tp)
-    method = drafting.get_method(name)
-    limit = None
-    if method.max_n_rule == "block_size_minus_1":
-        draft = drafting.resolve_draft(method, model, spec_cfg.get("draft"))
-        limit = drafting.max_num_speculative_tokens(method, model, draft)
-    if limit is None or n <= limit:
-        return drafting.build_speculation(spec_cfg, gpu, model, tp)
-    base = drafting.build_speculation({**spec_cfg, "num_speculative_tokens": limit}, gpu, model, tp)
-    return drafting.SpeculativeDecoding(base.method, base.draft_cost, base.acceptance, StaticPolicy(n), n)
-
-
 def simulate_scenario(sc: dict[str, Any]):
     """simulate.run on a scenario dict, with `build_speculation` above."""
     from capacity.inputs import scenario as scenario_mod
@@ -293,7 +271,8 @@ def simulate_scenario(sc: dict[str, Any]):
         if d.gpu_overrides:
             gpu = gpu.with_overrides(**d.gpu_overrides)
         model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
-        spec = build_speculation(scen.speculative.model_dump(), gpu, model, d.tensor_parallel_size)
+        spec = build_speculation(scen.speculative.model_dump(), gpu, model, d.tensor_parallel_size,
+                                 allow_n_past_block=True)
     return simulate.run(scen, speculation=spec)
 
 
@@ -417,13 +396,13 @@ def speculative_config(row: dict[str, Any], overrides: dict[str, float] | None =
 
 def overhead_units(method: str, n: int) -> int:
     """Draft-pass overheads per drafting step: N sequential passes, or one block pass."""
-    from capacity.spec.decoding import get_method
+    from capacity.spec.methods import get_method
 
     return int(n) if get_method(method).kind == "sequential" else 1
 
 
 def default_overhead_us(method: str) -> float:
-    from capacity.spec.decoding import get_method
+    from capacity.spec.methods import get_method
 
     p = get_method(method).parameters.get(FITTED_PARAMETER)
     return float(p.value) if p is not None else 0.0
@@ -618,7 +597,7 @@ def fold_fallbacks(fit: dict[str, float], methods: list[str], gpus: list[str]) -
     kind (sequential drafters / one-pass block drafters: DSpark is the DFlash backbone, Gemma 4 MTP a
     sequential head like MTP and EAGLE-3); a GPU absent from the fold takes the mean of the fold's
     fitted GPUs (the host work is vLLM's, on similar server CPUs)."""
-    from capacity.spec.decoding import get_method
+    from capacity.spec.methods import get_method
 
     out = dict(fit)
     fitted_m = [m for m in sorted(set(methods)) if m in fit]

@@ -220,7 +220,7 @@ def validate_points(spec: SweepSpec) -> None:
     Problems that depend on the combination (a model that does not fit, a method without a draft
     for that target) are results of the sweep: they are recorded in the point's `error` column.
     """
-    from capacity.spec.decoding import get_method
+    from capacity.spec.methods import get_method
     from capacity.inputs.hardware import load_gpu
     from capacity.inputs.models import load_model
 
