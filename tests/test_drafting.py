@@ -395,3 +395,21 @@ def test_build_speculation_off_and_wired(gpu, monkeypatch):
     spec = build_speculation({"method": "mtp", "num_speculative_tokens": 2, "draft": "google/gemma-4-31B-it-assistant"},
                              gpu, gemma, 2)
     assert spec.method.name == "gemma4_mtp"                               # vLLM: method mtp + model
+
+
+def test_every_spelling_of_a_method_is_one_vocabulary():
+    """methods.yaml is the one table of method names: each method's name, label and aliases resolve to
+    it in get_method and in the acceptance profiles, and no spelling belongs to two methods."""
+    from capacity.spec.acceptance import profile_rates
+    from capacity.spec.methods import canonical_name
+
+    seen: dict[str, str] = {}
+    for m in list_methods():
+        for spelling in (m.name, m.label, *m.aliases):
+            assert seen.setdefault(spelling.lower(), m.name) == m.name, spelling
+            assert get_method(spelling).name == canonical_name(spelling.upper()) == m.name
+    assert get_method("EAGLE-3").name == "eagle3"                  # refused before the aliases moved here
+    rates, _ = profile_rates("EAGLE-3", "Qwen/Qwen3-8B", "GSM8K")   # the acceptance table reads the same names
+    np.testing.assert_array_equal(rates, profile_rates("eagle3", "Qwen/Qwen3-8B", "GSM8K")[0])
+    with pytest.raises(CapacityError, match="unknown speculative method 'medusa'"):
+        get_method("medusa")

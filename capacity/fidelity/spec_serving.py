@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 
 from capacity.errors import CapacityError
-from capacity.fidelity.speedups import (FITTED_PARAMETER, METHOD_LABELS, PRECISIONS, WORKLOAD, _gpu_cost_overrides,
+from capacity.spec.methods import find_method
+from capacity.fidelity.speedups import (FITTED_PARAMETER, PRECISIONS, WORKLOAD, _gpu_cost_overrides,
                                     _num, _pool_map, _with_efficiency, ape, default_serving_file,
                                     simulate_scenario)
 
@@ -54,7 +55,7 @@ def serving_method(spec_method: str) -> str | None:
         return None
     if text.startswith("draft model"):
         return "draft_model"
-    return METHOD_LABELS.get(text.split()[0], text.split()[0])
+    return getattr(find_method(text.split()[0]), "name", text.split()[0])
 
 
 def _serving_precision(text: str) -> str | None:

@@ -49,21 +49,12 @@ from capacity.paths import data_dir
 from capacity.util.progress import Progress
 from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
 from capacity.spec.decoding import build_speculation
+from capacity.spec.methods import find_method
 
 SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
                  "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
                  "baseline_output_tok_s", "output_tok_s", "speedup", "source")
 OPTIONAL_ENGINE = ("max_num_batched_tokens", "max_model_len")
-
-# The seed CSV's method labels -> methods.yaml names.
-METHOD_LABELS = {
-    "native mtp": "mtp", "mtp": "mtp",
-    "gemma 4 mtp": "gemma4_mtp", "gemma4_mtp": "gemma4_mtp",
-    "eagle-3": "eagle3", "eagle3": "eagle3",
-    "dflash": "dflash", "dspark": "dspark",
-    "draft model": "draft_model", "draft_model": "draft_model",
-    "ngram": "ngram", "n-gram": "ngram",
-}
 
 # Assumed request shape of the seed article's benchmark (it reports neither ISL nor OSL):
 # * prompts: GSM8K / MATH500 questions (~50-150 tokens) plus the client's "reason step by step"
@@ -145,11 +136,12 @@ def marginal_rates(value: Any) -> list[float]:
 
 
 def method_name(label: Any) -> str:
-    key = str(label).strip().lower()
-    if key not in METHOD_LABELS:
+    """The methods.yaml name of a CSV's method label ("EAGLE-3" -> eagle3)."""
+    m = find_method(label)
+    if m is None:
         raise CapacityError(f"unknown method label '{label}'; use one of: Native MTP, Gemma 4 MTP, EAGLE-3, DFlash, "
                             f"DSpark (or a methods.yaml name)")
-    return METHOD_LABELS[key]
+    return m.name
 
 
 def _precision(value: Any) -> str | None:
@@ -838,7 +830,7 @@ def _regret_summary(df: pd.DataFrame, pred_col: str) -> dict[str, Any]:
     if r.empty:
         return {"mean": math.nan, "median": math.nan, "max": math.nan, "groups": 0, "exact": 0, "by_method": {},
                 "table": []}
-    r["method"] = r["method"].map(lambda x: METHOD_LABELS.get(str(x).lower(), x))
+    r["method"] = r["method"].map(lambda x: getattr(find_method(x), "name", x))
     return {"mean": float(r.regret.mean()), "median": float(r.regret.median()), "max": float(r.regret.max()),
             "groups": int(len(r)), "exact": int((r.measured_best_n == r.model_best_n).sum()),
             "by_method": {k: float(v) for k, v in r.groupby("method").regret.mean().items()},
@@ -873,7 +865,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
         paths = [Path(f) for f in files] if files else default_spec_files()
         rows = pd.concat([read_spec_measurements(p) for p in paths], ignore_index=True)
     rows = rows.reset_index(drop=True).copy()
-    rows["method_name"] = [METHOD_LABELS.get(str(m).strip().lower(), None) for m in rows["method"]]
+    rows["method_name"] = [getattr(find_method(m), "name", None) for m in rows["method"]]
     loads, load_failed = infer_loads(rows, workers, progress, ppu)
 
     records = rows.to_dict(orient="records")

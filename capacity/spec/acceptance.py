@@ -89,21 +89,12 @@ import yaml
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.spec.methods import canonical_name
 
-METHODS: tuple[str, ...] = ("mtp", "gemma4_mtp", "eagle3", "dflash", "dspark", "draft_model", "ngram")
 DATASETS: tuple[str, ...] = ("GSM8K", "MATH500", "HumanEval", "MBPP")
 WORKLOAD_TYPES: tuple[str, ...] = ("math", "code", "chat")
 MODELS: tuple[str, ...] = ("iid", "chain", "profile", "heterogeneous", "histogram", "trace")
 
-# Other spellings accepted for method names (the seed CSV's labels and common variants).
-_METHOD_ALIASES: dict[str, str] = {
-    "native mtp": "mtp", "mtp": "mtp", "deepseek_mtp": "mtp", "qwen3_next_mtp": "mtp",
-    "gemma 4 mtp": "gemma4_mtp", "gemma4_mtp": "gemma4_mtp", "gemma4-mtp": "gemma4_mtp",
-    "eagle-3": "eagle3", "eagle3": "eagle3", "eagle_3": "eagle3",
-    "dflash": "dflash", "dspark": "dspark",
-    "draft_model": "draft_model", "draft-model": "draft_model", "draft model": "draft_model",
-    "ngram": "ngram", "n-gram": "ngram", "n_gram": "ngram",
-}
 _WORKLOAD_ALIASES: dict[str, str] = {
     "gsm8k": "GSM8K", "math500": "MATH500", "math-500": "MATH500", "humaneval": "HumanEval", "mbpp": "MBPP",
     "math": "math", "code": "code", "coding": "code", "chat": "chat", "mt-bench": "chat", "mtbench": "chat",
@@ -673,10 +664,7 @@ def load_profiles() -> dict:
 
 
 def _method_key(method: str) -> str:
-    key = _METHOD_ALIASES.get(str(method).strip().lower())
-    if key is None:
-        raise CapacityError(f"unknown speculative method {method!r}; use one of {', '.join(METHODS)}")
-    return key
+    return canonical_name(method)
 
 
 def _workload(workload: str | None) -> str:
@@ -984,5 +972,5 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
 __all__ = [
     "AcceptanceModel", "IIDAcceptance", "iid_alpha_for_length", "ChainAcceptance", "ProfileAcceptance", "HeterogeneousAcceptance",
     "HistogramAcceptance", "TraceAcceptance", "acceptance_from_config", "load_profiles", "profile_rates",
-    "validate_rates", "rate_factor", "METHODS", "DATASETS", "WORKLOAD_TYPES", "MODELS",
+    "validate_rates", "rate_factor", "DATASETS", "WORKLOAD_TYPES", "MODELS",
 ]

@@ -67,6 +67,7 @@ class DraftMethod:
     default_drafts: Mapping[str, str] = field(default_factory=dict, hash=False)
     default_drafts_source: str = ""
     parameters: Mapping[str, MethodParameter] = field(default_factory=dict, hash=False)
+    aliases: tuple[str, ...] = ()     # other spellings of the name, lower case ("eagle-3", "native mtp")
 
     def default_draft(self, target: str) -> str | None:
         """The seed article's draft checkpoint for `target` ('built-in' for native MTP), or None."""
@@ -141,7 +142,8 @@ def _load_methods(path: str) -> tuple[DraftMethod, ...]:
             weights_text=_text(e, "weights_text", where, False), kv_text=_text(e, "kv_text", where, False),
             default_drafts={str(k): str(v) for k, v in (e.get("default_drafts") or {}).items()},
             default_drafts_source=_text(e, "default_drafts_source", where, False),
-            parameters=params))
+            parameters=params,
+            aliases=tuple(str(a).strip().lower() for a in (e.get("aliases") or ()))))
     return tuple(out)
 
 
@@ -150,14 +152,29 @@ def list_methods() -> list[DraftMethod]:
     return list(_load_methods(_methods_file()))
 
 
-def get_method(name: str) -> DraftMethod:
-    """A method by name (case-insensitive; '-' and '_' alike)."""
-    key = str(name).strip().lower().replace("-", "_")
+def find_method(label: Any) -> DraftMethod | None:
+    """The method written `label` (its name, its label such as "EAGLE-3", or one of its `aliases`;
+    case-insensitive, '-' and '_' alike in names), or None."""
+    key = str(label).strip().lower()
     for m in list_methods():
-        if m.name == key:
+        if key in (m.name, m.label.lower()) or key.replace("-", "_") == m.name or key in m.aliases:
             return m
-    known = ", ".join(m.name for m in list_methods())
-    raise CapacityError(f"unknown speculative method '{name}'; use one of: {known} (or 'none')")
+    return None
+
+
+def canonical_name(label: Any) -> str:
+    """The methods.yaml name of a method written any accepted way: its name, its label ("EAGLE-3",
+    "Native MTP"), or one of its `aliases` (case-insensitive; '-' and '_' alike in names)."""
+    return get_method(label).name
+
+
+def get_method(name: Any) -> DraftMethod:
+    """A method by name, label or alias (see `canonical_name`)."""
+    found = find_method(name)
+    if found is None:
+        known = ", ".join(f"{m.name} ({m.label})" for m in list_methods())
+        raise CapacityError(f"unknown speculative method '{name}'; use one of: {known} (or 'none')")
+    return found
 
 
 def methods_table() -> list[dict[str, Any]]:

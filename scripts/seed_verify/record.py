@@ -13,10 +13,11 @@ OUT = Path(__file__).resolve().parent
 import pickle, sys, time
 import numpy as np, pandas as pd
 from capacity.fidelity import speedups as v
+from capacity.spec.methods import find_method
 
 PPU = int(sys.argv[1]) if len(sys.argv) > 1 else 4
 rows = pd.concat([v.read_spec_measurements(p) for p in v.default_spec_files()], ignore_index=True)
-rows["method_name"] = [v.METHOD_LABELS.get(str(m).strip().lower()) for m in rows["method"]]
+rows["method_name"] = [getattr(find_method(m), "name", None) for m in rows["method"]]
 t0 = time.time()
 loads, failed = v.infer_loads(rows, workers=2, progress=False, prompts_per_user=PPU)
 print("loads", {k: l.concurrency for k, l in loads.items()}, failed, time.time() - t0, flush=True)
