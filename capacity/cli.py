@@ -6,48 +6,11 @@ Errors a user can fix (CapacityError) print one line and exit 2, without a trace
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from capacity.errors import CapacityError
-
-
-def _json_default(o: Any):
-    import numpy as np
-
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return None if np.isnan(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o)}")
-
-
-def print_json(obj: Any) -> None:
-    print(json.dumps(_clean(obj), indent=2, default=_json_default, allow_nan=False))
-
-
-def _clean(obj: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(obj, float):
-        return obj if obj == obj and abs(obj) != float("inf") else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    try:
-        import numpy as np
-
-        if isinstance(obj, np.floating):
-            return _clean(float(obj))
-    except ImportError:  # pragma: no cover
-        pass
-    return obj
+from capacity.util.jsonio import print_json
 
 
 # ---------------------------------------------------------------------- commands
@@ -209,6 +172,35 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------- parser
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from capacity.studies.sweep import (RESULTS_FILE, default_out, load_spec, points_table, results_table, run_sweep,
+                                        validate_points)
+
+    spec = load_spec(args.scenario)
+    if args.list:
+        validate_points(spec)
+        if args.json:
+            print_json({"points": len(spec.points),
+                        "grid": [{"point_id": p.point_id, "overrides": p.overrides} for p in spec.points]})
+        else:
+            print(f"sweep {spec.name}: {len(spec.points)} points ({spec.source})")
+            print(points_table(spec))
+        return 0
+    out = Path(args.out) if args.out else default_out(spec)
+    run = run_sweep(spec, out, workers=args.workers, backend=args.backend, scheduler=args.scheduler,
+                    resume=args.resume, progress=not args.quiet)
+    rows = run.rows()
+    if args.json:
+        print_json({"points": len(spec.points), "results": rows})
+        return 0
+    errors = sum(1 for r in rows if r.get("error"))
+    print(f"sweep {spec.name}: {len(spec.points)} points, {run.ran} run now in {run.wall_time_s:.1f} s"
+          + (f", {run.skipped} from earlier" if run.skipped else "") + (f", {errors} with errors" if errors else ""))
+    print(results_table(spec, rows))
+    print(f"\nresults: {out / RESULTS_FILE} (capacity.load_results('{out}') gives a DataFrame)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="capacity", description=__doc__.splitlines()[0] if __doc__ else None)
     sub = p.add_subparsers(dest="command", required=True)
@@ -290,9 +282,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=cmd_calibrate)
 
-    from capacity.studies.sweep import add_sweep_parser
-
-    add_sweep_parser(sub)
+    s = sub.add_parser(
+        "sweep", help="simulate a scenario over a grid of overrides (its sweep: section), in parallel and resumably",
+        description="Simulate every point of a scenario's sweep: grid (product and zip of dotted keys). "
+                    "Each finished point is appended to DIR/results.jsonl; --resume runs only what is missing.")
+    s.add_argument("scenario", help="sweep scenario YAML path or shipped name (e.g. sweep_example)")
+    s.add_argument("--out", metavar="DIR", help="results folder (default: reports/sweep-<scenario name>)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="parallel simulations (default: the number of CPUs; dask: workers of the local cluster)")
+    s.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help="local: a process pool; dask: a dask.distributed cluster (--scheduler, or a local one)")
+    s.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
+    s.add_argument("--resume", action="store_true", help="continue the sweep in --out: run only missing points")
+    s.add_argument("--list", action="store_true", help="print the grid's points without running them")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sweep)
 
     r = sub.add_parser("report", help="HTML report (and PNG/SVG figures) of a simulate, validate, sweep or plan folder")
     r.add_argument("results", nargs="?", help="folder written by --out of capacity simulate, validate, sweep or plan")
@@ -304,9 +309,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from capacity.report import build as report  # plotly and pandas: imported only when a report is made
+    # plotly and pandas: imported only when a report is made
+    from capacity.report.build import write_report
+    from capacity.report.explainer import write_explainer
 
-    return report.cmd_report(args)
+    if not args.results and not args.explainer:
+        raise CapacityError("give a results folder (capacity report RESULTS) or --explainer FILE.html")
+    if args.explainer:
+        path = write_explainer(args.explainer)
+        print(f"wrote {path}")
+    if args.results:
+        rep, out = write_report(args.results, args.out, args.png)
+        print(f"wrote {out} ({rep.kind} report, {len(rep.figures)} figures + draft-and-verify view)")
+        for title, why in rep.skipped:
+            print(f"  not drawn: {title}: {why}")
+        if args.png:
+            print(f"wrote {args.png}/summary.md and {len(rep.figures) + 1} figures as PNG and SVG")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from capacity.inputs import scenario
 
 from capacity.sim import simulate
 
+from capacity import cli
 from capacity.studies import sweep
 from capacity.errors import CapacityError
 
@@ -105,11 +106,11 @@ def test_bad_grids_raise_one_line(grid, words):
 
 
 def test_empty_grid_and_missing_section_exit_2(tmp_path, capsys):
-    assert sweep.main([str(write(tmp_path, {})), "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["sweep", str(write(tmp_path, {})), "--out", str(tmp_path / "o")]) == 2
     assert "grid is empty" in capsys.readouterr().err
     plain = tmp_path / "plain.yaml"
     plain.write_text(yaml.safe_dump(TINY))
-    assert sweep.main([str(plain), "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["sweep", str(plain), "--out", str(tmp_path / "o")]) == 2
     assert "no sweep: section" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
@@ -120,7 +121,7 @@ def test_empty_grid_and_missing_section_exit_2(tmp_path, capsys):
 ])
 def test_a_bad_point_fails_before_anything_runs(tmp_path, capsys, values, words):
     path = write(tmp_path, {"product": {"traffic.arrival.rate_rps": values}})
-    assert sweep.main([str(path), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()         # nothing ran, nothing written
@@ -128,7 +129,7 @@ def test_a_bad_point_fails_before_anything_runs(tmp_path, capsys, values, words)
 
 def test_an_unknown_gpu_fails_up_front(tmp_path, capsys):
     path = write(tmp_path, {"product": {"deployment.gpu": ["MI300X", "MI999"]}})
-    assert sweep.main([str(path), "--out", str(tmp_path / "o")]) == 2
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "deployment.gpu=MI999" in err and "MI999" in err.split("):", 1)[1]
     assert not (tmp_path / "o").exists()
@@ -138,7 +139,7 @@ def test_list_json_prints_points_without_running(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write(tmp_path, {"product": {"traffic.arrival.rate_rps": [1, 2]},
                             "zip": {"deployment.gpu": ["MI300X", "MI355X"]}})
-    assert sweep.main([str(path), "--list", "--json"]) == 0
+    assert cli.main(["sweep", str(path), "--list", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["points"] == 4
     assert [g["overrides"] for g in out["grid"]] == [
@@ -153,7 +154,7 @@ def test_rows_equal_direct_simulations_and_errors_are_rows(tmp_path, capsys):
                         "deployment.model": ["meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-405B"]}}
     path = write(tmp_path, grid)
     out = tmp_path / "out"
-    assert sweep.main([str(path), "--out", str(out), "--workers", "1", "--json", "--quiet"]) == 0
+    assert cli.main(["sweep", str(path), "--out", str(out), "--workers", "1", "--json", "--quiet"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["points"] == 4 and len(printed["results"]) == 4
     df = sweep.load_results(out)
@@ -191,9 +192,9 @@ def test_existing_results_need_resume_and_the_same_scenario(tmp_path, capsys):
     grid = {"product": {"traffic.arrival.rate_rps": [2, 4]}}
     path = write(tmp_path, grid)
     out = tmp_path / "out"
-    assert sweep.main([str(path), "--out", str(out), "--workers", "1", "--quiet"]) == 0
+    assert cli.main(["sweep", str(path), "--out", str(out), "--workers", "1", "--quiet"]) == 0
     capsys.readouterr()
-    assert sweep.main([str(path), "--out", str(out), "--quiet"]) == 2
+    assert cli.main(["sweep", str(path), "--out", str(out), "--quiet"]) == 2
     assert "--resume" in capsys.readouterr().err
     # same base, one more point: --resume runs only the new point
     grown = write(tmp_path, {"product": {"traffic.arrival.rate_rps": [2, 4, 6]}}, name="grown.yaml")
@@ -206,7 +207,7 @@ def test_existing_results_need_resume_and_the_same_scenario(tmp_path, capsys):
     other["simulation"] = {"seed": 7}
     changed = write(tmp_path, grid, base=other, name="other.yaml")
     before = (out / sweep.RESULTS_FILE).read_bytes()
-    assert sweep.main([str(changed), "--out", str(out), "--resume", "--quiet"]) == 2
+    assert cli.main(["sweep", str(changed), "--out", str(out), "--resume", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"results in {out} come from a different scenario; use another --out or delete it" in err
     assert (out / sweep.RESULTS_FILE).read_bytes() == before
@@ -237,7 +238,7 @@ def test_sigkill_part_way_then_resume_gives_every_point_once(tmp_path):
     out = tmp_path / "out"
     results = out / sweep.RESULTS_FILE
     total = 16
-    cmd = [sys.executable, "-c", "import sys; from capacity.studies.sweep import main; sys.exit(main())",
+    cmd = [sys.executable, "-m", "capacity", "sweep",
            str(path), "--out", str(out), "--workers", "2", "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -259,8 +260,8 @@ def test_sigkill_part_way_then_resume_gives_every_point_once(tmp_path):
     # a SIGKILL in the middle of a write leaves a partial last line: simulate one
     with open(results, "ab") as f:
         f.write(json.dumps(first[0]).encode()[:50])
-    assert sweep.main([str(path), "--out", str(out), "--workers", "2", "--quiet"]) == 2   # needs --resume
-    assert sweep.main([str(path), "--out", str(out), "--workers", "2", "--quiet", "--resume"]) == 0
+    assert cli.main(["sweep", str(path), "--out", str(out), "--workers", "2", "--quiet"]) == 2   # needs --resume
+    assert cli.main(["sweep", str(path), "--out", str(out), "--workers", "2", "--quiet", "--resume"]) == 0
     lines = complete_lines(results)              # every line complete, parseable JSON
     spec = sweep.load_spec(str(path))
     ids = [r["point_id"] for r in lines]
@@ -296,7 +297,7 @@ def test_unreachable_dask_scheduler_fails_fast(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sweep, "DASK_CONNECT_TIMEOUT_S", 1.0)
     path = write(tmp_path, {"product": {"traffic.arrival.rate_rps": [2, 4]}})
     t0 = time.monotonic()
-    code = sweep.main([str(path), "--out", str(tmp_path / "o"), "--backend", "dask",
+    code = cli.main(["sweep", str(path), "--out", str(tmp_path / "o"), "--backend", "dask",
                        "--scheduler", "tcp://127.0.0.1:1", "--quiet"])
     assert code == 2 and time.monotonic() - t0 < 20
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:1" in capsys.readouterr().err
@@ -305,7 +306,7 @@ def test_unreachable_dask_scheduler_fails_fast(tmp_path, capsys, monkeypatch):
 
 def test_scheduler_needs_the_dask_backend(tmp_path, capsys):
     path = write(tmp_path, {"product": {"traffic.arrival.rate_rps": [2]}})
-    assert sweep.main([str(path), "--out", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert cli.main(["sweep", str(path), "--out", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:1"]) == 2
     assert "--backend dask" in capsys.readouterr().err
 
 

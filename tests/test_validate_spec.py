@@ -3,7 +3,6 @@ prediction, re-pricing, regret."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -11,6 +10,7 @@ import pandas as pd
 import pytest
 
 from capacity.fidelity import speedups as vs
+from capacity.util import jsonio
 from capacity.fidelity import spec_serving as serving
 from capacity.errors import CapacityError
 
@@ -124,7 +124,7 @@ def test_four_rows_of_one_target_run_end_to_end(seed_rows):
     s = report.summary
     assert s["modelled"] == 4 and s["targets"]["all_modelled"]
     assert len(s["loads"]) == 1 and s["loads"][0]["concurrency"] >= 1
-    json.dumps(vs._jsonable(report.to_json()))            # JSON-able
+    jsonio.dumps(report.to_json())                        # JSON-able
     text = report.summary_text()
     assert "eagle3" in text and "Best-N regret" in text
 

@@ -46,6 +46,7 @@ import pandas as pd
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
 from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
 from capacity.spec.decoding import build_speculation
@@ -971,28 +972,13 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
 
 
 def write(report: SpecValidationReport, out: Path) -> None:
-    import json
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report.rows[[c for c in report.rows.columns if not c.startswith("_")]].to_csv(out / "spec_rows.csv", index=False)
     if report.serving is not None:
         report.serving.to_csv(out / "spec_serving_rows.csv", index=False)
-    (out / "spec_summary.json").write_text(json.dumps(_jsonable(report.summary), indent=2))
-
-
-def _jsonable(o: Any) -> Any:
-    if isinstance(o, dict):
-        return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_jsonable(v) for v in o]
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (float, np.floating)):
-        return None if not math.isfinite(float(o)) else float(o)
-    if isinstance(o, np.bool_):
-        return bool(o)
-    return o
+    write_json(out / "spec_summary.json", report.summary)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ links them.
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import math
@@ -35,6 +34,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capacity.report import figures as F
+from capacity.report.explainer import explainer_section
+from capacity.report.page import figure_div, page
 from capacity.errors import CapacityError
 
 KINDS = (
@@ -417,40 +418,7 @@ def build_report(folder: str | Path) -> Report:
 
 
 # ---------------------------------------------------------------------------------- HTML
-_CSS = """
-body { font-family: -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif; margin: 0 auto;
-       max-width: 1250px; padding: 1em 2em; color: #222; }
-header { border-bottom: 1px solid #ddd; margin-bottom: 1em; }
-header p { color: #555; margin: 0.2em 0 0.8em; }
-h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { font-size: 1.25em; }
-section.summary ul { line-height: 1.5; }
-section.figure, section.explainer { margin: 1.5em 0; border-top: 1px solid #eee; padding-top: 0.5em; }
-.controls { display: flex; gap: 2.5em; flex-wrap: wrap; } .controls input { width: 260px; vertical-align: middle; }
-.stats { color: #333; } .skipped { color: #777; font-size: 0.9em; }
-"""
-
-
-def page(title: str, sections: list[str], header: str = "") -> str:
-    """A complete HTML page with plotly.js inline exactly once (in <head>); `sections` are HTML fragments
-    whose plots call the global Plotly."""
-    from plotly.offline import get_plotlyjs
-
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n"
-            f"<script type=\"text/javascript\">{get_plotlyjs()}</script>\n</head>\n<body>\n"
-            f"<header>{header}</header>\n" + "\n".join(sections) + "\n</body>\n</html>\n")
-
-
-def figure_div(fig: go.Figure, div_id: str) -> str:
-    import plotly.io as pio
-
-    return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id,
-                       config={"displaylogo": False, "responsive": True})
-
-
 def report_html(rep: Report) -> str:
-    from capacity.report.explainer import explainer_section
-
     esc = html.escape
     header = (f"<h1>{esc(rep.title)}</h1><p>{esc(rep.kind)} results from <code>{esc(str(rep.folder))}</code> · "
               f"{esc(rep.source)} · generated {esc(rep.generated)}</p>")
@@ -544,22 +512,3 @@ def export_images(rep: Report, out_dir: Path) -> list[Path]:
         head += ["", "Not drawn: " + "; ".join(f"{t} ({w})" for t, w in rep.skipped)]
     (out_dir / "summary.md").write_text("\n".join(head) + "\n\n" + "\n".join(md), encoding="utf-8")
     return written
-
-
-# ---------------------------------------------------------------------------------- CLI
-def cmd_report(args: argparse.Namespace) -> int:
-    from capacity.report.explainer import write_explainer
-
-    if not args.results and not args.explainer:
-        raise CapacityError("give a results folder (capacity report RESULTS) or --explainer FILE.html")
-    if args.explainer:
-        path = write_explainer(args.explainer)
-        print(f"wrote {path}")
-    if args.results:
-        rep, out = write_report(args.results, args.out, args.png)
-        print(f"wrote {out} ({rep.kind} report, {len(rep.figures)} figures + draft-and-verify view)")
-        for title, why in rep.skipped:
-            print(f"  not drawn: {title}: {why}")
-        if args.png:
-            print(f"wrote {args.png}/summary.md and {len(rep.figures) + 1} figures as PNG and SVG")
-    return 0

@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 
 from capacity.spec.acceptance import IIDAcceptance
 from capacity.report.figures import code_version
+from capacity.report.page import page
 
 ALPHAS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(21))
 NS: tuple[int, ...] = tuple(range(1, 9))
@@ -240,8 +241,6 @@ was accepted, the correction otherwise. The rounds below are sampled with the si
 
 def explainer_page(source: str = "") -> str:
     """A self-contained page with the view alone (plotly.js inline once)."""
-    from capacity.report.build import page
-
     return page("Draft and verify (speculative decoding)", [explainer_section(source)],
                 header="<h1>Draft and verify</h1><p>The acceptance model of the capacity simulator, "
                        f"sampled. {html.escape(source)}</p>")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +9,7 @@ import numpy as np
 import yaml
 
 from capacity.sim.simulate import SimulationResult
+from capacity.util.jsonio import write_json
 
 
 def simulation_payload(result: SimulationResult) -> dict[str, Any]:
@@ -122,10 +122,8 @@ def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
 
 
 def write_simulation(result: SimulationResult, payload: dict[str, Any], out: Path) -> None:
-    from capacity.cli import _clean, _json_default
-
     out.mkdir(parents=True, exist_ok=True)
-    (out / "result.json").write_text(json.dumps(_clean(payload), indent=2, default=_json_default))
+    write_json(out / "result.json", payload)
     result.requests.to_csv(out / "requests.csv", index=False)
     (out / "scenario.yaml").write_text(yaml.safe_dump(result.scenario.model_dump(mode="json"), sort_keys=False))
 

@@ -34,6 +34,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity.errors import CapacityError
+from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
 
 
@@ -493,16 +494,13 @@ def summary_text(p: PlanResult) -> str:
 
 
 def write(p: PlanResult, out) -> None:
-    import json
     from pathlib import Path
 
     import yaml
 
-    from capacity.cli import _clean, _json_default
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "plan.json").write_text(json.dumps(_clean(p.to_json()), indent=2, default=_json_default))
+    write_json(out / "plan.json", p.to_json())
     (out / "recommended.yaml").write_text(yaml.safe_dump(p.recommended_scenario, sort_keys=False))
     if p.one_fewer_scenario:
         (out / "one_fewer_replica.yaml").write_text(yaml.safe_dump(p.one_fewer_scenario, sort_keys=False))

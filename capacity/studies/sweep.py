@@ -23,7 +23,6 @@ folder back as a pandas DataFrame, one row per grid point in grid order.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import hashlib
 import itertools
@@ -626,66 +625,3 @@ def results_table(spec: SweepSpec, rows: list[dict[str, Any]]) -> str:
             cells += [_cell(r.get(col), fmt) for col, _, fmt in _TABLE]
         body.append(cells)
     return _table(header, body)
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    from capacity.cli import print_json
-
-    spec = load_spec(args.scenario)
-    if args.list:
-        validate_points(spec)
-        if args.json:
-            print_json({"points": len(spec.points),
-                        "grid": [{"point_id": p.point_id, "overrides": p.overrides} for p in spec.points]})
-        else:
-            print(f"sweep {spec.name}: {len(spec.points)} points ({spec.source})")
-            print(points_table(spec))
-        return 0
-    out = Path(args.out) if args.out else default_out(spec)
-    run = run_sweep(spec, out, workers=args.workers, backend=args.backend, scheduler=args.scheduler,
-                    resume=args.resume, progress=not args.quiet)
-    rows = run.rows()
-    if args.json:
-        print_json({"points": len(spec.points), "results": rows})
-        return 0
-    errors = sum(1 for r in rows if r.get("error"))
-    print(f"sweep {spec.name}: {len(spec.points)} points, {run.ran} run now in {run.wall_time_s:.1f} s"
-          + (f", {run.skipped} from earlier" if run.skipped else "") + (f", {errors} with errors" if errors else ""))
-    print(results_table(spec, rows))
-    print(f"\nresults: {out / RESULTS_FILE} (capacity.load_results('{out}') gives a DataFrame)")
-    return 0
-
-
-def add_sweep_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register `capacity sweep` on the CLI's sub-parsers."""
-    s = subparsers.add_parser(
-        "sweep", help="simulate a scenario over a grid of overrides (its sweep: section), in parallel and resumably",
-        description="Simulate every point of a scenario's sweep: grid (product and zip of dotted keys). "
-                    "Each finished point is appended to DIR/results.jsonl; --resume runs only what is missing.")
-    s.add_argument("scenario", help="sweep scenario YAML path or shipped name (e.g. sweep_example)")
-    s.add_argument("--out", metavar="DIR", help="results folder (default: reports/sweep-<scenario name>)")
-    s.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="parallel simulations (default: the number of CPUs; dask: workers of the local cluster)")
-    s.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="local: a process pool; dask: a dask.distributed cluster (--scheduler, or a local one)")
-    s.add_argument("--scheduler", metavar="ADDRESS", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786")
-    s.add_argument("--resume", action="store_true", help="continue the sweep in --out: run only missing points")
-    s.add_argument("--list", action="store_true", help="print the grid's points without running them")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=cmd_sweep)
-    return s
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m capacity.studies.sweep ...`: the sweep command on its own (same as `capacity sweep ...`)."""
-    from capacity.cli import main as cli_main
-
-    return cli_main(["sweep", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # run the imported module's main, so that pickled functions and points refer to capacity.studies.sweep
-    from capacity.studies.sweep import main as _main
-
-    sys.exit(_main())
