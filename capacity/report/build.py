@@ -34,9 +34,13 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capacity.report import figures as F
-from capacity.report.explainer import explainer_section
+from capacity.report.explainer import explainer_figure, explainer_section
 from capacity.report.page import figure_div, page
 from capacity.errors import CapacityError
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.sim.summary import speculation_lines
+from capacity.spec.decoding import build_speculation
 
 KINDS = (
     ("plan", ("plan.json",)),
@@ -187,10 +191,6 @@ def scenario_acceptance(sc: dict[str, Any]) -> tuple[np.ndarray | None, str]:
     if str(sp.get("method", "none")).lower() in ("none", "") or n <= 0:
         return None, "speculation is off"
     try:
-        from capacity.spec.decoding import build_speculation
-        from capacity.inputs.hardware import load_gpu
-        from capacity.inputs.models import load_model
-
         d = sc.get("deployment") or {}
         gpu = load_gpu(d["gpu"])
         if d.get("gpu_overrides"):
@@ -359,8 +359,6 @@ def _load_plan(folder: Path) -> Report:
         if rec.get("acceptance_basis"):
             rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
         if isinstance(rec.get("speculation_by_batch"), dict):
-            from capacity.sim.summary import speculation_lines
-
             rep.summary.append("Speculation by load: " + "; ".join(
                 line.strip() for line in speculation_lines(rec["speculation_by_batch"])).removeprefix("speculation: "))
     base = _plan_base_rate(plan)
@@ -459,7 +457,7 @@ def find_browser() -> str:
             return p
     if os.access("/usr/bin/chromium", os.X_OK):
         return "/usr/bin/chromium"
-    try:
+    try:  # kaleido's own browser finder, an optional extra: only PNG export looks for it
         from choreographer.browsers.chromium import Chromium
 
         p = Chromium.find_browser(skip_local=False)
@@ -477,12 +475,10 @@ def _slugify(text: str) -> str:
 
 def export_images(rep: Report, out_dir: Path) -> list[Path]:
     """Every figure (and the explainer at its default frame) as PNG and SVG, plus summary.md."""
-    try:
+    try:  # kaleido starts a browser bridge on import: only PNG export needs it
         import kaleido
     except ImportError:
         raise CapacityError("PNG export needs kaleido >= 1: pip install 'kaleido>=1'") from None
-    from capacity.report.explainer import explainer_figure
-
     browser = find_browser()
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = rep.figures + [("draft_and_verify", explainer_figure(source=rep.source))]

@@ -19,6 +19,7 @@ import math
 import subprocess
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from capacity.errors import CapacityError
+from capacity.sim.metrics import parse_slos
 
 __all__ = [
     "provenance", "code_version", "method_column", "n_column", "load_column",
@@ -76,8 +78,6 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     try:
-        from importlib.metadata import version
-
         return f"capacity {version('capacity')}"
     except Exception:  # noqa: BLE001 - not installed as a distribution
         return "capacity (version unknown)"
@@ -450,8 +450,6 @@ def latency_cdf_figure(requests: pd.DataFrame | Mapping[str, pd.DataFrame], slo:
     """Cumulative distributions of TTFT and TPOT per request (one trace per run) with the scenario's
     SLOs: a vertical line at each threshold and a marker at (threshold, quantile); the SLO holds when
     the curve reaches the marker's height at or left of the line."""
-    from capacity.sim.metrics import parse_slos
-
     runs = {"run": requests} if isinstance(requests, pd.DataFrame) else dict(requests)
     if not runs:
         raise CapacityError("the latency CDFs need at least one requests table")

@@ -23,7 +23,7 @@ section.figure, section.explainer { margin: 1.5em 0; border-top: 1px solid #eee;
 def page(title: str, sections: list[str], header: str = "") -> str:
     """A complete HTML page with plotly.js inline exactly once (in <head>); `sections` are HTML fragments
     whose plots call the global Plotly."""
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs   # plotly.offline/plotly.io add ~0.1 s: only a written page needs them
 
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>{_CSS}</style>\n"
@@ -32,7 +32,7 @@ def page(title: str, sections: list[str], header: str = "") -> str:
 
 
 def figure_div(fig: go.Figure, div_id: str) -> str:
-    import plotly.io as pio
+    import plotly.io as pio   # as above
 
     return pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=div_id,
                        config={"displaylogo": False, "responsive": True})

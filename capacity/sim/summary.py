@@ -9,6 +9,7 @@ import numpy as np
 import yaml
 
 from capacity.sim.simulate import SimulationResult
+from capacity.spec.policies import break_even, decode_step_time
 from capacity.util.jsonio import write_json
 
 
@@ -132,8 +133,6 @@ def speculation_by_batch(res) -> dict[str, Any] | None:
     """For a simulated speculative deployment: up to how many running requests its N pays
     (`policies.break_even` at the run's step-weighted mean decode context), the expected one-step
     speedup at one request and at the run's mean batch, and the best N there."""
-    from capacity.spec.policies import break_even, decode_step_time
-
     spec = res.deployed.speculation
     n = int(getattr(spec, "num_speculative_tokens", 0) or 0)
     if n <= 0 or getattr(spec, "acceptance", None) is None:

@@ -27,6 +27,7 @@ import copy
 import hashlib
 import itertools
 import json
+import logging
 import math
 import os
 import re
@@ -34,11 +35,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable
 
+import pandas as pd
 import yaml
+from tqdm import tqdm
 
+from capacity import __version__
 from capacity.errors import CapacityError
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+from capacity.sim import simulate
+from capacity.sim.summary import speculation_by_batch
+from capacity.spec.methods import get_method
+from capacity.util.jsonio import clean
 
 RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "sweep.json"
@@ -199,16 +211,12 @@ def spec_from_dict(data: dict[str, Any], source: str = "scenario") -> SweepSpec:
 
 def load_spec(name_or_path: str) -> SweepSpec:
     """Read a sweep scenario (a shipped name or a path)."""
-    from capacity.inputs import scenario as scenario_mod
-
     path, data = scenario_mod.read_yaml(name_or_path)
     return spec_from_dict(data, str(path))
 
 
 def point_scenario(base: dict[str, Any], point: Point, source: str = "scenario"):
     """The validated Scenario of one grid point (CapacityError names the point's overrides)."""
-    from capacity.inputs import scenario as scenario_mod
-
     data = scenario_mod.apply_overrides(copy.deepcopy(base), point.set_args())
     return scenario_mod.from_dict(data, f"{source} at point {point.point_id} ({point.describe()})")
 
@@ -219,10 +227,6 @@ def validate_points(spec: SweepSpec) -> None:
     Problems that depend on the combination (a model that does not fit, a method without a draft
     for that target) are results of the sweep: they are recorded in the point's `error` column.
     """
-    from capacity.spec.methods import get_method
-    from capacity.inputs.hardware import load_gpu
-    from capacity.inputs.models import load_model
-
     for p in spec.points:
         sc = point_scenario(spec.base, p, spec.source)
         d = sc.deployment
@@ -249,48 +253,28 @@ def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _plain(value: Any) -> Any:
-    """JSON-able: numpy scalars to Python, NaN/inf to None."""
-    if hasattr(value, "item") and not isinstance(value, (list, dict, str)):
-        try:
-            value = value.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> dict[str, Any]:
     """Simulate one grid point -> its result row (a CapacityError becomes the row's `error`)."""
-    from capacity.sim import simulate
-
     t0 = time.perf_counter()
     row: dict[str, Any] = {"point_id": point.point_id, **point.overrides}
     try:
         result = simulate.run(point_scenario(base, point, source))
     except CapacityError as e:
         row.update(error=str(e), wall_time_s=time.perf_counter() - t0)
-        return _plain(row)
+        return clean(row)
     row["stable"] = result.stable
     row["num_gpus"] = result.num_gpus
     row.update(_flatten(result.metrics))
     r = result.requests
     steps = int(r["spec_steps"].sum())
     row["spec_mean_accepted_length"] = 1 + float(r["spec_accepted"].sum()) / steps if steps else None
-    from capacity.sim.summary import speculation_by_batch
-
     sb = speculation_by_batch(result) if steps else None
     # where the point's N stops paying (policies.break_even), and its expected one-step speedup there
     row["spec_pays_up_to_running"] = sb["pays_up_to"] if sb else None
     row["spec_step_speedup_at_mean_batch"] = sb.get("speedup_at_batch") if sb else None
     row["error"] = None
     row["wall_time_s"] = time.perf_counter() - t0
-    return _plain(row)
+    return clean(row)
 
 
 # ---------------------------------------------------------------------- the results folder
@@ -332,7 +316,7 @@ class ResultsWriter:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, row: dict[str, Any]) -> None:
-        line = (json.dumps(_plain(row), allow_nan=False, default=str) + "\n").encode()
+        line = (json.dumps(clean(row), allow_nan=False, default=str) + "\n").encode()
         view = memoryview(line)
         while view:
             n = os.write(self.fd, view)
@@ -350,8 +334,6 @@ class ResultsWriter:
 
 
 def manifest(spec: SweepSpec) -> dict[str, Any]:
-    from capacity import __version__
-
     return {
         "schema": MANIFEST_SCHEMA,
         "capacity_version": __version__,
@@ -401,7 +383,7 @@ def start_out(spec: SweepSpec, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     _drop_partial_line(out / RESULTS_FILE)
     tmp = out / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(_plain(manifest(spec)), indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(clean(manifest(spec)), indent=2, default=str) + "\n")
     os.replace(tmp, out / MANIFEST_FILE)
 
 
@@ -438,8 +420,6 @@ def load_results(out: str | os.PathLike[str]):
     spec_step_speedup_at_mean_batch, error (None, or why the point could not be simulated) and
     wall_time_s.
     """
-    import pandas as pd
-
     out = Path(out)
     rows = ordered_rows(out)
     man = _read_manifest(out) or {}
@@ -472,7 +452,7 @@ def _collect(futures: list[Any], wait_any: Callable, on_done: Callable[[dict], N
 
 
 def _dask_client(scheduler: str | None, workers: int, processes: bool):
-    try:
+    try:  # dask.distributed takes ~1 s to import: only the dask backend pays it
         from distributed import Client, LocalCluster
     except ImportError:  # pragma: no cover - distributed is a dependency
         raise CapacityError("the dask backend needs dask.distributed: pip install distributed") from None
@@ -482,8 +462,6 @@ def _dask_client(scheduler: str | None, workers: int, processes: bool):
         except (OSError, TimeoutError, ValueError) as e:
             raise CapacityError(f"cannot reach the Dask scheduler at {scheduler} ({e}); start it (dask scheduler) "
                                 f"or check --scheduler") from None
-    import logging
-
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=processes,
                            dashboard_address=":0", silence_logs=logging.ERROR)
     return Client(cluster, set_as_default=False), cluster
@@ -519,19 +497,15 @@ def run_sweep(spec: SweepSpec, out: str | os.PathLike[str], *, workers: int | No
     try:
         start_out(spec, out)
         if client is not None:
-            from distributed import as_completed as dask_completed
+            from distributed import as_completed as dask_completed   # dask only (see _dask_client)
 
             futures = _submit_dask(spec, todo, client)
             wait_any = lambda fs: dask_completed(fs, loop=client.loop)  # noqa: E731
         elif n_workers > 1 and len(todo) > 1:
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
             pool = ProcessPoolExecutor(max_workers=n_workers)
             # submitting forks the workers: do it before the progress bar starts its thread
             futures = [pool.submit(run_point, spec.base, p, spec.source) for p in todo]
             wait_any = as_completed
-        from tqdm import tqdm
-
         with ResultsWriter(out / RESULTS_FILE) as writer:
             bar = tqdm(total=len(spec.points), initial=len(spec.points) - len(todo), desc=f"sweep {spec.name}",
                        unit="point", file=sys.stderr, disable=not progress, dynamic_ncols=True)

@@ -13,7 +13,10 @@ import numpy as np
 
 
 def clean(obj: Any) -> Any:
-    """`obj` with every non-finite float (Python or numpy) replaced by None, containers walked."""
+    """`obj` with numpy scalars as Python numbers and every non-finite float replaced by None,
+    containers walked."""
+    if isinstance(obj, np.generic):
+        obj = obj.item()
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
@@ -21,8 +24,6 @@ def clean(obj: Any) -> Any:
                 for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [clean(v) for v in obj]
-    if isinstance(obj, np.floating):
-        return clean(float(obj))
     return obj
 
 
