@@ -61,6 +61,8 @@ SCALAR_KEYS = (
 OVERRIDE_BASIS = "override"
 OVERRIDE_SOURCE = "user override (GpuProfile.with_overrides)"
 FITTED_BASIS = "fitted"
+TRANSFERRED_BASIS = "transferred from"
+"""Basis prefix of an efficiency taken from a sibling GPU of the same family (`family_transfer`)."""
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
@@ -371,6 +373,17 @@ class _EfficiencyModel(BaseModel):
     spec_token_overhead_us: _LeafModel
 
 
+class _FamilyTransferModel(BaseModel):
+    """`family_transfer: {from: MI300X, reason: ..., source: ...}`: take every `efficiency` entry from a
+    sibling GPU of the same architecture family (see `family_of`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    from_gpu: str = Field(alias="from", min_length=1, strict=True)
+    reason: str = Field(min_length=1, strict=True)
+    source: str = ""
+
+
 class _ProfileModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -386,7 +399,8 @@ class _ProfileModel(BaseModel):
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
     measured: dict[str, _LeafModel] = Field(default_factory=dict)
-    efficiency: _EfficiencyModel
+    efficiency: _EfficiencyModel | None = None
+    family_transfer: _FamilyTransferModel | None = None
 
     @field_validator("measured", mode="before")
     @classmethod
@@ -401,9 +415,21 @@ class _ProfileModel(BaseModel):
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: same result, faster
 
 
-def _load_file(path: Path) -> GpuProfile:
+_TRANSFER_SOURCES: dict[str, tuple[str, int, int]] = {}
+"""profile path -> (sibling path, mtime, size) for profiles that transfer a sibling's efficiencies."""
+
+
+def _stat_key(path: Path) -> tuple[int, int]:
     stat = path.stat()
-    return _load_file_cached(str(path), stat.st_mtime_ns, stat.st_size)
+    return stat.st_mtime_ns, stat.st_size
+
+
+def _load_file(path: Path) -> GpuProfile:
+    dep = _TRANSFER_SOURCES.get(str(path))
+    if dep is not None and (not Path(dep[0]).is_file() or _stat_key(Path(dep[0])) != dep[1:]):
+        _load_file_cached.cache_clear()          # the sibling changed: its transferred values are stale
+    profile = _load_file_cached(str(path), *_stat_key(path))
+    return profile
 
 
 @functools.lru_cache(maxsize=64)
@@ -445,10 +471,84 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
         add(key, getattr(model, key))
     for key, leaf in model.measured.items():
         add(f"measured.{key}", leaf)
-    for key in EFFICIENCY_KEYS:
-        add(f"efficiency.{key}", getattr(model.efficiency, key))
+    if (model.efficiency is None) == (model.family_transfer is None):
+        raise CapacityError(f"{where}: give either an 'efficiency' section or a 'family_transfer' from a sibling GPU, "
+                            f"not {'both' if model.efficiency is not None else 'neither'}; {_SCHEMA_HINT}")
+    if model.efficiency is not None:
+        for key in EFFICIENCY_KEYS:
+            add(f"efficiency.{key}", getattr(model.efficiency, key))
+    else:
+        provenance.update(_transferred_efficiency(model.name, model.architecture, model.family_transfer, path, where,
+                                                  provenance))
     _check_values(provenance, where=where, check_units=True)
     return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()))
+
+
+def family_of(architecture: str) -> str:
+    """The architecture family a profile's `architecture` names first: 'CDNA3 (gfx942)' -> 'CDNA3'."""
+    return architecture.split()[0].strip().upper() if architecture.strip() else ""
+
+
+def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTransferModel, path: Path,
+                            where: str, own: Mapping[str, Sourced]) -> dict[str, Sourced]:
+    """Every efficiency entry of the sibling GPU `transfer.from_gpu`, as shipped (fitted values included),
+    relabelled 'transferred from <sibling>'. Kernel efficiencies and host overheads describe the silicon
+    family and the software stack, so they carry over within a family; what the datasheet changes
+    (peaks, HBM bandwidth and capacity, power) is this profile's own, and a fraction efficiency is
+    scaled by the two GPUs' measured microbenchmark ratio where both have one (`_measured_scale`).
+    One hop only, same family only."""
+    sibling_ref = transfer.from_gpu.strip()
+    if looks_like_path(sibling_ref) and not Path(sibling_ref).is_absolute():
+        sibling_ref = str(path.parent / sibling_ref)
+    if _normalise_name(Path(sibling_ref).stem if looks_like_path(sibling_ref) else sibling_ref) == _normalise_name(name):
+        raise CapacityError(f"{where}: family_transfer.from names the GPU itself; name a sibling GPU ({_SCHEMA_HINT})")
+    sibling = load_gpu(sibling_ref)
+    _TRANSFER_SOURCES[str(path)] = (sibling.path, *_stat_key(Path(sibling.path)))
+    if any(r.basis.startswith(TRANSFERRED_BASIS) for k, r in sibling.provenance.items() if k.startswith("efficiency.")):
+        raise CapacityError(f"{where}: family_transfer.from {sibling.name} itself transfers its efficiencies; "
+                            f"name the GPU they were measured or fitted on ({_SCHEMA_HINT})")
+    if family_of(sibling.architecture) != family_of(architecture):
+        raise CapacityError(f"{where}: family_transfer.from {sibling.name} is {sibling.architecture}, not the "
+                            f"{family_of(architecture) or '?'} family of this profile; transfer only within a family")
+    out: dict[str, Sourced] = {}
+    for key in EFFICIENCY_KEYS:
+        old = sibling.provenance[f"efficiency.{key}"]
+        value, note = old.value, " ".join(transfer.reason.split())
+        scaled = _measured_scale(key, own, sibling)
+        if scaled is not None:
+            factor, why = scaled
+            value = min(1.0, old.value * factor)
+            note += f" Scaled by {factor:.4g} = {why}."
+        out[f"efficiency.{key}"] = Sourced(
+            value=value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({old.basis})",
+            source=f"{sibling.name} profile: {old.source}" + (f"; {transfer.source}" if transfer.source else ""),
+            unit=old.unit, note=note, fitted_on=old.fitted_on)
+    return out
+
+
+# The microbenchmark behind each fraction efficiency, and the spec it is a fraction of.
+_MEASURED_FOR = {
+    "gemm": (("gemm_bf16_tflops", "peak_dense_tflops.bf16"), ("gemm_fp8_tflops", "peak_dense_tflops.fp8")),
+    "hbm": (("hbm_stream_tb_s", "hbm_bandwidth_tb_s"),),
+    "attention": (("flash_attention_tflops", "peak_dense_tflops.bf16"),),
+    "allreduce": (("allreduce_busbw_gb_s", "scaleup_bandwidth_gb_s"),),
+}
+
+
+def _measured_scale(key: str, own: Mapping[str, Sourced], sibling: GpuProfile) -> tuple[float, str] | None:
+    """(factor, why) when both GPUs measured the microbenchmark behind efficiency `key`: the ratio of
+    their measured fractions of spec. It carries what the datasheet does not state but the benchmark
+    sees — the clock a GPU sustains under its power cap (MI325X at 1000 W reaches 843 of 1307 bf16
+    TFLOPS where MI300X at 750 W reaches 708 on the same die and kernels)."""
+    for measured_key, spec_key in _MEASURED_FOR.get(key, ()):
+        mine, theirs = own.get(f"measured.{measured_key}"), sibling.provenance.get(f"measured.{measured_key}")
+        my_spec, their_spec = own.get(spec_key), sibling.provenance.get(spec_key)
+        if mine and theirs and my_spec and their_spec:
+            factor = (mine.value / my_spec.value) / (theirs.value / their_spec.value)
+            return factor, (f"({measured_key} {mine.value:g} / {spec_key} {my_spec.value:g}) / ({sibling.name}'s "
+                            f"{theirs.value:g} / {their_spec.value:g}), the ratio of the two GPUs' measured "
+                            f"fractions of spec (sustained clock under each power cap)")
+    return None
 
 
 def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bool = False) -> None:
