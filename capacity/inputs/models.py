@@ -426,8 +426,6 @@ class _Attn:
     params: _Parts
     kv_bytes: float = 0.0          # per context token
     flops_per_ctx: float = 0.0     # per query token per attended context token
-    index_kv_bytes: float = 0.0    # per context token (read in full)
-    index_flops_per_ctx: float = 0.0
 
 
 def _gqa(cfg: _Config, tr: dict[str, Any], h_in: int, h: int, nq: int, nkv: int, hd: int, *,
@@ -663,14 +661,17 @@ def _draft_method(cfg: _Config, wrapper_method: str | None) -> str | None:
     return None
 
 
-def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, source: str,
-           wrapper: dict[str, Any] | None, weight_precision: str | None, kv_dtype: str) -> ModelArch:
+# ---- the config, as read -------------------------------------------------------------------------
+
+def _prepared_config(raw_cfg: dict[str, Any], name: str, label: str,
+                     wrapper: dict[str, Any] | None) -> tuple[_Config, list[str]]:
+    """The flattened config, with the fields `_ASSUMED_DRAFT_FIELDS` fills in for a reconstructed
+    draft config, and the assumptions so far (the research notes' inferences, then the filled fields)."""
     assumptions: list[str] = []
     if wrapper is not None:
         assumptions += [f"research note: {s}" for s in (wrapper.get("inferred") or [])]
-    raw = dict(raw_cfg)
     overlay = _ASSUMED_DRAFT_FIELDS.get(name)
-    cfg = _Config(raw, label)
+    cfg = _Config(dict(raw_cfg), label)
     if overlay is not None:
         fields, why = overlay
         if isinstance(fields, str):
@@ -681,12 +682,19 @@ def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, 
         cfg.c.update(filled)
         if filled:
             assumptions.append(f"{why}: {', '.join(sorted(filled))}")
+    return cfg, assumptions
 
+
+def _kv_value_bytes(kv_dtype: str) -> float:
     if kv_dtype.lower() not in KV_DTYPE_BYTES:
         raise CapacityError(f"unknown kv_dtype '{kv_dtype}'; use one of: {', '.join(KV_DTYPE_BYTES)}")
-    kv_b = KV_DTYPE_BYTES[kv_dtype.lower()]
-    tr = _traits(cfg)
+    return KV_DTYPE_BYTES[kv_dtype.lower()]
 
+
+def _role_and_method(cfg: _Config, role: str | None, wrapper: dict[str, Any] | None,
+                     tr: dict[str, Any]) -> tuple[str, str | None, dict[str, Any]]:
+    """(role, draft method, traits): a target has no method; a draft without a recognised one is a
+    plain draft_model. DFlash/DSpark backbones without traits of their own take Qwen3's."""
     method = _draft_method(cfg, wrapper.get("method") if wrapper else None)
     if method in ("dflash", "dspark") and not tr:
         tr = dict(_TRAITS["qwen3"])          # DFlash/DSpark backbones are Qwen3-style decoders (README)
@@ -696,164 +704,203 @@ def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, 
         method = None
     elif method is None:
         method = "draft_model"
+    return role, method, tr
 
+
+@dataclass(frozen=True)
+class _Shape:
+    """The sizes and layer layout every costing step reads from the config."""
+
+    cfg: _Config
+    tr: dict[str, Any]                  # _TRAITS of the model type
+    kv_b: float                         # bytes per cached KV value
+    n_layers: int
+    h: int
+    vocab: int
+    nq: int
+    nkv: int
+    hd: int
+    full_nkv: int                       # full-attention layers' KV heads and head dim (Gemma 4: global_*)
+    full_hd: int
+    k_eq_v: bool                        # Gemma 4 full layers: no v_proj (V = K)
+    uses_mla: bool
+    norms: int                          # RMSNorm vectors of width H per decoder layer
+    n_experts: int
+    top_k: int
+    dense_inter: int | None
+    expert_inter: int | None
+    kinds: list[str]                    # per layer: full | sliding | linear
+    moe: list[bool]                     # per layer: an MoE block
+    parallel_dense_mlp: bool            # Gemma 4: a dense MLP AND an MoE block in each MoE layer
+    window: int | None
+    kv_shared_from: int                 # layers from this index reuse an earlier layer's KV
+
+
+def _shape(cfg: _Config, tr: dict[str, Any], kv_b: float) -> _Shape:
     n_layers = cfg.int("num_hidden_layers", "n_layer", "num_layers", required=True)
     h = cfg.int("hidden_size", "d_model", "n_embd", required=True)
     vocab = cfg.int("vocab_size", required=True)
     nq = cfg.int("num_attention_heads", "n_head", required=True)
     nkv = cfg.int("num_key_value_heads", default=nq)
     hd = cfg.int("head_dim", default=h // nq)
-    uses_mla = cfg.int("kv_lora_rank") is not None
     n_experts = cfg.int("n_routed_experts", "num_experts", "num_local_experts", default=0) or 0
     top_k = cfg.int("num_experts_per_tok", "experts_per_token", "top_k_experts", "moe_topk", default=0) or 0
     if n_experts and not top_k:
-        raise CapacityError(f"model config {label} is missing 'num_experts_per_tok' for its {n_experts} experts; add it")
+        raise CapacityError(f"model config {cfg.label} is missing 'num_experts_per_tok' for its {n_experts} "
+                            f"experts; add it")
     dense_inter = cfg.int("dense_intermediate_size", "intermediate_size")
     expert_inter = cfg.int("moe_intermediate_size", "expert_intermediate_size", "intermediate_size")
     if dense_inter is None and expert_inter is None:
-        raise CapacityError(f"model config {label} is missing 'intermediate_size'; add it (as in the model's "
+        raise CapacityError(f"model config {cfg.label} is missing 'intermediate_size'; add it (as in the model's "
                             f"Hugging Face config.json) or pass a complete config.json")
-
     kinds = _layer_kinds(cfg, n_layers)
-    moe = _moe_layers(cfg, n_layers, n_experts)
-    parallel_dense_mlp = cfg.flag("enable_moe_block")            # Gemma 4: dense MLP AND MoE in each layer
-    window = cfg.int("sliding_window") if "sliding" in kinds else None
-    kv_shared_from = n_layers - (cfg.int("num_kv_shared_layers", default=0) or 0)
+    return _Shape(
+        cfg=cfg, tr=tr, kv_b=kv_b, n_layers=n_layers, h=h, vocab=vocab, nq=nq, nkv=nkv, hd=hd,
+        full_nkv=cfg.int("num_global_key_value_heads", default=nkv), full_hd=cfg.int("global_head_dim", default=hd),
+        k_eq_v=cfg.flag("attention_k_eq_v"), uses_mla=cfg.int("kv_lora_rank") is not None,
+        norms=tr.get("norms_per_layer", 2),                   # input + post-attention RMSNorm by default
+        n_experts=n_experts, top_k=top_k, dense_inter=dense_inter, expert_inter=expert_inter,
+        kinds=kinds, moe=_moe_layers(cfg, n_layers, n_experts), parallel_dense_mlp=cfg.flag("enable_moe_block"),
+        window=cfg.int("sliding_window") if "sliding" in kinds else None,
+        kv_shared_from=n_layers - (cfg.int("num_kv_shared_layers", default=0) or 0))
 
-    # Sparse attention
-    sparse_flags = [False] * n_layers
-    sparse_tokens = None
-    index_heads = index_dim = 0
-    index_style = ""
+
+def _reported_heads(s: _Shape) -> tuple[int, int, int, int]:
+    """(num_kv_heads, head_dim, full_num_kv_heads, full_head_dim) as ModelArch reports them: an MLA
+    model caches one latent per token (one KV head, replicated over TP ranks) of qk_nope + qk_rope."""
+    if s.uses_mla:
+        mla_hd = s.cfg.int("qk_nope_head_dim") + s.cfg.int("qk_rope_head_dim")
+        return 1, mla_hd, 1, mla_hd
+    return s.nkv, s.hd, s.full_nkv, s.full_hd
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Sparse:
+    """Sparse attention (DSA `index_topk` / MiniMax MSA `sparse_attention_config`); none: all False / 0."""
+
+    flags: list[bool]                   # per layer: a full layer that attends to at most `tokens` tokens
+    tokens: int | None
+    heads: int                          # indexer heads and dim
+    dim: int
+    style: str                          # "dsa" | "msa" | ""
+    key_bytes: float                    # indexer key cache per context token per sparse layer
+
+
+def _sparse_attention(s: _Shape, assumptions: list[str]) -> _Sparse:
+    cfg = s.cfg
+    flags = [False] * s.n_layers
+    tokens = None
+    heads = dim = 0
+    style = ""
     sac = cfg.raw("sparse_attention_config")
     if isinstance(sac, dict) and sac.get("use_sparse_attention"):
-        freq = sac.get("sparse_attention_freq") or [1] * n_layers
-        sparse_flags = [bool(f) and kinds[i] == "full" for i, f in enumerate(freq)]
+        freq = sac.get("sparse_attention_freq") or [1] * s.n_layers
+        flags = [bool(f) and s.kinds[i] == "full" for i, f in enumerate(freq)]
         blocks = int(sac.get("sparse_topk_blocks", 0)) + int(sac.get("sparse_local_block", 0)) \
             + int(sac.get("sparse_init_block", 0))
-        sparse_tokens = blocks * int(sac.get("sparse_block_size", 0))
-        index_heads, index_dim = int(sac.get("sparse_num_index_heads", 0)), int(sac.get("sparse_index_dim", 0))
-        index_style = "msa"
+        tokens = blocks * int(sac.get("sparse_block_size", 0))
+        heads, dim = int(sac.get("sparse_num_index_heads", 0)), int(sac.get("sparse_index_dim", 0))
+        style = "msa"
     elif cfg.int("index_topk") and cfg.int("index_n_heads"):
-        sparse_flags = [k == "full" for k in kinds]
-        sparse_tokens = cfg.int("index_topk")
-        index_heads, index_dim = cfg.int("index_n_heads"), cfg.int("index_head_dim", required=True)
-        index_style = "dsa"
-    index_bytes = (index_dim * _INDEX_KEY_BYTES_PER_VALUE
-                   + math.ceil(index_dim / _INDEX_QUANT_BLOCK) * _INDEX_SCALE_BYTES_PER_BLOCK) if index_dim else 0.0
-    if index_dim:
+        flags = [k == "full" for k in s.kinds]
+        tokens = cfg.int("index_topk")
+        heads, dim = cfg.int("index_n_heads"), cfg.int("index_head_dim", required=True)
+        style = "dsa"
+    key_bytes = (dim * _INDEX_KEY_BYTES_PER_VALUE
+                 + math.ceil(dim / _INDEX_QUANT_BLOCK) * _INDEX_SCALE_BYTES_PER_BLOCK) if dim else 0.0
+    if dim:
         assumptions.append("indexer key cache fp8 + fp32 scale per 128 values (vLLM/LightLLM DeepSeek-V3.2 layout)")
+    return _Sparse(flags, tokens, heads, dim, style, key_bytes)
 
-    # Draft-specific structure
-    h_in_attn = h
-    extra = _Parts()           # params outside the decoder layers (fc, projections, final norm, ...)
-    embed = vocab * h
-    lm_head = vocab * h
-    lm_head_owned = True
-    tied = cfg.flag("tie_word_embeddings", default=any(t.startswith("gemma") for t in cfg.model_types()))
-    layer_ids = cfg.raw("target_layer_ids")
-    dcfg = cfg.raw("dflash_config")
-    if isinstance(dcfg, dict):
-        layer_ids = dcfg.get("target_layer_ids", layer_ids)
-    if layer_ids is None:
-        layer_ids = cfg.raw("eagle_aux_hidden_state_layer_ids")
-    block = cfg.int("block_size")
-    if block is None and isinstance(dcfg, dict):
-        block = _number(dcfg.get("block_size"))
-    draft_vocab = cfg.int("draft_vocab_size")
-    markov_rank = cfg.int("markov_rank")
-    extra.other += h                                             # final norm
-    if method == "eagle3":
-        taps = len(layer_ids) if isinstance(layer_ids, list) else 3
-        h_in_attn = 2 * h                                        # attention input concat(embed, hidden)
-        extra.dense_linear += taps * h * h                       # fc over the target taps
-        extra.other += h                                         # hidden_norm
-        lm_head = (draft_vocab or vocab) * h
-        tied = False
-    elif method in ("dflash", "dspark"):
-        if isinstance(layer_ids, list):
-            taps = len(layer_ids)
-        else:
-            taps = n_layers
-            assumptions.append(f"number of target taps unknown: assumed = draft layers ({n_layers})")
-        extra.dense_linear += taps * h * h                       # fc over the target taps
-        extra.other += h                                         # hidden_norm
-        if method == "dflash":                                   # no embedding / LM head of its own
-            embed, lm_head_owned, tied = 0, False, False
-        else:
-            mv = draft_vocab or vocab
-            lm_head = mv * h
-            if markov_rank:
-                extra.lookup += mv * markov_rank                 # markov_w1 [V, r] gathered
-                extra.dense_linear += mv * markov_rank           # markov_w2 [V, r] matmul per step
-    elif method == "gemma4_mtp":
-        backbone = cfg.int("backbone_hidden_size", required=True)
-        extra.dense_linear += 2 * backbone * h + h * backbone    # pre_projection 2·Hb→H, post_projection H→Hb
 
-    # Decoder layers
-    layers = _Parts()
-    full_kv = sparse_kv = swa_kv = state = 0.0
-    index_kv = 0.0
-    full_flops = sparse_flops = swa_flops = index_flops = lin_flops = 0.0
-    norms = tr.get("norms_per_layer", 2)                        # input + post-attention RMSNorm by default
-    full_nkv = cfg.int("num_global_key_value_heads", default=nkv)
-    full_hd = cfg.int("global_head_dim", default=hd)
-    k_eq_v = cfg.flag("attention_k_eq_v")
-    for i in range(n_layers):
-        kind = kinds[i]
-        kv_shared = i >= kv_shared_from
+def _indexer(s: _Shape, sp: _Sparse) -> _Parts:
+    """One sparse layer's indexer. DSA: wq_b (from the q LoRA), wk, k_norm (LayerNorm weight + bias),
+    weights_proj; MSA: index q heads + one shared index key."""
+    if sp.style == "dsa":
+        return _Parts(dense_linear=s.cfg.int("q_lora_rank") * sp.heads * sp.dim + s.h * sp.dim,
+                      small_linear=s.h * sp.heads, other=2 * sp.dim)
+    return _Parts(dense_linear=s.h * sp.heads * sp.dim + s.h * sp.dim)
+
+
+def _attention_layer(s: _Shape, kind: str, h_in: int, kv_shared: bool) -> _Attn:
+    """One full or sliding layer's attention: MLA, or GQA with that kind's heads. A KV-shared layer
+    (``num_kv_shared_layers``) reads an earlier layer's cache and holds none of its own."""
+    if s.uses_mla:
+        a = _mla(s.cfg, h_in, s.h, s.nq, s.kv_b)
+    elif kind == "full":
+        a = _gqa(s.cfg, s.tr, h_in, s.h, s.nq, s.full_nkv, s.full_hd, has_v=not s.k_eq_v,
+                 kv_shared=kv_shared, kv_b=s.kv_b)
+    else:
+        a = _gqa(s.cfg, s.tr, h_in, s.h, s.nq, s.nkv, s.hd, has_v=True, kv_shared=kv_shared, kv_b=s.kv_b)
+    if kv_shared:
+        a.kv_bytes = 0.0
+    return a
+
+
+@dataclass
+class _AttnSums:
+    """Attention over all decoder layers: params, KV bytes per context token and FLOPs per query
+    token per context token by layer kind, linear-attention state per sequence and FLOPs per token."""
+
+    params: _Parts = field(default_factory=_Parts)
+    full_kv: float = 0.0
+    sparse_kv: float = 0.0
+    swa_kv: float = 0.0
+    index_kv: float = 0.0
+    state: float = 0.0
+    full_flops: float = 0.0
+    sparse_flops: float = 0.0
+    swa_flops: float = 0.0
+    index_flops: float = 0.0
+    lin_flops: float = 0.0
+
+
+def _attention(s: _Shape, sp: _Sparse, h_in: int) -> _AttnSums:
+    out = _AttnSums()
+    for i, kind in enumerate(s.kinds):
         if kind == "linear":
-            p, s, f = _gated_deltanet(cfg, h)
-            layers.add(p)
-            state += s
-            lin_flops += f
+            p, state, flops = _gated_deltanet(s.cfg, s.h)
+            out.params.add(p)
+            out.state += state
+            out.lin_flops += flops
+            continue
+        a = _attention_layer(s, kind, h_in, kv_shared=i >= s.kv_shared_from)
+        out.params.add(a.params)
+        if kind == "sliding":
+            out.swa_kv += a.kv_bytes
+            out.swa_flops += a.flops_per_ctx
+        elif sp.flags[i]:
+            out.sparse_kv += a.kv_bytes
+            out.sparse_flops += a.flops_per_ctx
         else:
-            if uses_mla:
-                a = _mla(cfg, h_in_attn, h, nq, kv_b)
-            elif kind == "full":
-                a = _gqa(cfg, tr, h_in_attn, h, nq, full_nkv, full_hd, has_v=not k_eq_v,
-                         kv_shared=kv_shared, kv_b=kv_b)
-            else:
-                a = _gqa(cfg, tr, h_in_attn, h, nq, nkv, hd, has_v=True, kv_shared=kv_shared, kv_b=kv_b)
-            if kv_shared:
-                a.kv_bytes = 0.0
-            layers.add(a.params)
-            if kind == "sliding":
-                swa_kv += a.kv_bytes
-                swa_flops += a.flops_per_ctx
-            elif sparse_flags[i]:
-                sparse_kv += a.kv_bytes
-                sparse_flops += a.flops_per_ctx
-            else:
-                full_kv += a.kv_bytes
-                full_flops += a.flops_per_ctx
-            if sparse_flags[i]:
-                q_src = cfg.int("q_lora_rank") if index_style == "dsa" else h
-                if index_style == "dsa":                          # wq_b, wk, k_norm (LayerNorm w+b), weights_proj
-                    layers.dense_linear += q_src * index_heads * index_dim + h * index_dim
-                    layers.small_linear += h * index_heads
-                    layers.other += 2 * index_dim
-                else:                                             # MSA: index q heads + one shared index key
-                    layers.dense_linear += h * index_heads * index_dim + h * index_dim
-                index_kv += index_bytes
-                index_flops += 2.0 * index_heads * index_dim
-        layers.other += norms * h
-        if moe[i]:
-            if parallel_dense_mlp and dense_inter:
-                layers.add(_mlp(h, dense_inter))
-            layers.small_linear += h * n_experts                 # router
-            if tr.get("router_bias"):
-                layers.other += n_experts
-            if cfg.raw("topk_method") == "noaux_tc" or cfg.flag("use_routing_bias"):
-                layers.other += n_experts                        # e_score_correction_bias
-            if tr.get("router_scale"):
-                layers.other += h
-            layers.other += tr.get("moe_extra_norms", 0) * h
-        else:
-            layers.add(_mlp(h, dense_inter if dense_inter else expert_inter))
+            out.full_kv += a.kv_bytes
+            out.full_flops += a.flops_per_ctx
+        if sp.flags[i]:                                  # the indexer reads its keys for every context token
+            out.params.add(_indexer(s, sp))
+            out.index_kv += sp.key_bytes
+            out.index_flops += 2.0 * sp.heads * sp.dim
+    return out
 
-    # MoE shared experts and one routed expert
-    n_moe = sum(moe)
+
+# ---- MLP / MoE -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Experts:
+    """The MoE blocks' sizes (0 for a dense model)."""
+
+    n_moe: int                          # MoE layers
+    n_shared: int                       # shared experts per MoE layer, each `shared_width` wide
+    shared_width: int
+    shared_gate: bool                   # Qwen: a sigmoid gate Linear(H, 1) on the shared expert
+    linear: int                         # ONE routed expert in ONE layer: gated MLP
+    other: int                          # its biases (gpt-oss)
+
+
+def _experts(s: _Shape) -> _Experts:
+    cfg = s.cfg
+    n_moe = sum(s.moe)
     shared_width = 0
     n_shared = 0
     shared_gate = False
@@ -862,148 +909,314 @@ def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, 
             shared_width, n_shared, shared_gate = cfg.int("shared_expert_intermediate_size"), 1, True
         elif cfg.int("n_shared_experts"):
             n_shared = cfg.int("n_shared_experts")
-            shared_width = cfg.int("shared_intermediate_size") or expert_inter
+            shared_width = cfg.int("shared_intermediate_size") or s.expert_inter
         elif cfg.int("shared_intermediate_size"):
             shared_width, n_shared = cfg.int("shared_intermediate_size"), 1
-        layers.dense_linear += n_moe * n_shared * 3 * h * shared_width
-        if shared_gate:
-            layers.small_linear += n_moe * h
-    expert_linear = 3 * h * expert_inter if n_moe else 0
-    expert_other = (2 * expert_inter + h) if (n_moe and tr.get("expert_bias")) else 0
+    return _Experts(n_moe, n_shared, shared_width, shared_gate,
+                    linear=3 * s.h * s.expert_inter if n_moe else 0,
+                    other=(2 * s.expert_inter + s.h) if (n_moe and s.tr.get("expert_bias")) else 0)
 
-    # Native MTP modules: per layer fc 2H->H + 3 norms + one full-attention decoder layer (MoE block if MoE).
+
+def _score_bias(cfg: _Config) -> bool:
+    """The router has an E-wide score-correction bias (DeepSeek noaux_tc, use_routing_bias)."""
+    return cfg.raw("topk_method") == "noaux_tc" or cfg.flag("use_routing_bias")
+
+
+def _mlps(s: _Shape, ex: _Experts) -> _Parts:
+    """Every decoder layer's MLP side except the routed experts (counted per expert): a dense MLP, or
+    the MoE block's router with its biases, scale and norms, shared experts and (Gemma 4) dense MLP."""
+    p = _Parts()
+    for is_moe in s.moe:
+        if not is_moe:
+            p.add(_mlp(s.h, s.dense_inter if s.dense_inter else s.expert_inter))
+            continue
+        if s.parallel_dense_mlp and s.dense_inter:
+            p.add(_mlp(s.h, s.dense_inter))
+        p.small_linear += s.h * s.n_experts                  # router
+        if s.tr.get("router_bias"):
+            p.other += s.n_experts
+        if _score_bias(s.cfg):
+            p.other += s.n_experts                           # e_score_correction_bias
+        if s.tr.get("router_scale"):
+            p.other += s.h
+        p.other += s.tr.get("moe_extra_norms", 0) * s.h
+    p.dense_linear += ex.n_moe * ex.n_shared * 3 * s.h * ex.shared_width
+    if ex.shared_gate:
+        p.small_linear += ex.n_moe * s.h
+    return p
+
+
+# ---- outside the decoder layers ------------------------------------------------------------------
+
+@dataclass
+class _Outer:
+    """The embedding, LM head and the params outside the decoder layers (final norm; a drafter's fc
+    over the target taps and projections), with the draft fields DraftInfo reports."""
+
+    h_in_attn: int                      # attention input width (EAGLE-3: concat(embed, hidden) = 2H)
+    extra: _Parts
+    embed: int
+    lm_head: int
+    lm_head_owned: bool                 # False: borrowed from the target (DFlash)
+    tied: bool
+    layer_ids: Any
+    block: Any
+    draft_vocab: int | None
+    markov_rank: int | None
+
+
+def _outer(s: _Shape, method: str | None, assumptions: list[str]) -> _Outer:
+    cfg, h = s.cfg, s.h
+    o = _Outer(h_in_attn=h, extra=_Parts(), embed=s.vocab * h, lm_head=s.vocab * h, lm_head_owned=True,
+               tied=cfg.flag("tie_word_embeddings", default=any(t.startswith("gemma") for t in cfg.model_types())),
+               layer_ids=cfg.raw("target_layer_ids"), block=cfg.int("block_size"),
+               draft_vocab=cfg.int("draft_vocab_size"), markov_rank=cfg.int("markov_rank"))
+    dcfg = cfg.raw("dflash_config")
+    if isinstance(dcfg, dict):
+        o.layer_ids = dcfg.get("target_layer_ids", o.layer_ids)
+    if o.layer_ids is None:
+        o.layer_ids = cfg.raw("eagle_aux_hidden_state_layer_ids")
+    if o.block is None and isinstance(dcfg, dict):
+        o.block = _number(dcfg.get("block_size"))
+    o.extra.other += h                                       # final norm
+    if method == "eagle3":
+        taps = len(o.layer_ids) if isinstance(o.layer_ids, list) else 3
+        o.h_in_attn = 2 * h                                  # attention input concat(embed, hidden)
+        o.extra.dense_linear += taps * h * h                 # fc over the target taps
+        o.extra.other += h                                   # hidden_norm
+        o.lm_head = (o.draft_vocab or s.vocab) * h
+        o.tied = False
+    elif method in ("dflash", "dspark"):
+        if isinstance(o.layer_ids, list):
+            taps = len(o.layer_ids)
+        else:
+            taps = s.n_layers
+            assumptions.append(f"number of target taps unknown: assumed = draft layers ({s.n_layers})")
+        o.extra.dense_linear += taps * h * h                 # fc over the target taps
+        o.extra.other += h                                   # hidden_norm
+        if method == "dflash":                               # no embedding / LM head of its own
+            o.embed, o.lm_head_owned, o.tied = 0, False, False
+        else:
+            mv = o.draft_vocab or s.vocab
+            o.lm_head = mv * h
+            if o.markov_rank:
+                o.extra.lookup += mv * o.markov_rank         # markov_w1 [V, r] gathered
+                o.extra.dense_linear += mv * o.markov_rank   # markov_w2 [V, r] matmul per step
+    elif method == "gemma4_mtp":
+        backbone = cfg.int("backbone_hidden_size", required=True)
+        o.extra.dense_linear += 2 * backbone * h + h * backbone    # pre_projection 2·Hb→H, post_projection H→Hb
+    return o
+
+
+# ---- native MTP ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Mtp:
+    layers: int = 0
+    params: int = 0
+    kv: float = 0.0                     # per context token, when the MTP layers are used
+
+
+def _native_mtp(s: _Shape, role: str, sp: _Sparse, ex: _Experts, assumptions: list[str]) -> _Mtp:
+    """A target's native MTP modules, kept out of params_total: per layer fc 2H->H + 3 norms + one
+    full-attention decoder layer (with the indexer under DSA; an MoE block, all experts, if MoE)."""
+    cfg, h = s.cfg, s.h
     n_mtp = 0
     if role == "target":
         if cfg.int("num_mtp_modules"):
             n_mtp = cfg.int("num_mtp_modules") * (cfg.int("mtp_transformer_layers", default=1) or 1)
         else:
             n_mtp = cfg.int("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0) or 0
-    mtp_params = 0
-    mtp_kv = 0.0
-    if n_mtp:
-        if uses_mla:
-            a = _mla(cfg, h, h, nq, kv_b)
-        else:
-            a = _gqa(cfg, tr, h, h, nq, full_nkv, full_hd, has_v=not k_eq_v, kv_shared=False, kv_b=kv_b)
-        one = a.params.total + 2 * h * h + 3 * h + norms * h
-        mtp_index_kv = 0.0
-        if index_style == "dsa":                                  # the MTP layer is a full decoder layer: indexer too
-            one += cfg.int("q_lora_rank") * index_heads * index_dim + h * index_dim + h * index_heads + 2 * index_dim
-            mtp_index_kv = index_bytes
-        if n_moe:
-            one += h * n_experts + n_experts * (1 if (cfg.raw("topk_method") == "noaux_tc"
-                                                      or cfg.flag("use_routing_bias")) else 0)
-            one += n_experts * (expert_linear + expert_other) + n_shared * 3 * h * shared_width + (h if shared_gate else 0)
-        else:
-            one += 3 * h * (dense_inter or expert_inter)
-        mtp_params = n_mtp * one
-        mtp_kv = n_mtp * (a.kv_bytes + mtp_index_kv)
-        if cfg.int("num_mtp_modules"):
-            assumptions.append("MiniMax MTP module = one full-attention MoE decoder layer + fc 2H->H "
-                               "(structure not published; README)")
+    if not n_mtp:
+        return _Mtp()
+    a = _attention_layer(s, "full", h, kv_shared=False)
+    one = a.params.total + 2 * h * h + 3 * h + s.norms * h
+    index_kv = 0.0
+    if sp.style == "dsa":                                    # the MTP layer is a full decoder layer: indexer too
+        one += _indexer(s, sp).total
+        index_kv = sp.key_bytes
+    if ex.n_moe:
+        one += s.h * s.n_experts + (s.n_experts if _score_bias(cfg) else 0)
+        one += s.n_experts * (ex.linear + ex.other) + ex.n_shared * 3 * h * ex.shared_width \
+            + (h if ex.shared_gate else 0)
+    else:
+        one += _mlp(h, s.dense_inter or s.expert_inter).total
+    if cfg.int("num_mtp_modules"):
+        assumptions.append("MiniMax MTP module = one full-attention MoE decoder layer + fc 2H->H "
+                           "(structure not published; README)")
+    return _Mtp(layers=n_mtp, params=n_mtp * one, kv=n_mtp * (a.kv_bytes + index_kv))
 
-    # Precision
+
+# ---- precision and totals ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Precision:
+    dense_fmt: str                      # the dense (non-expert) linear layers
+    expert_fmt: str                     # the routed experts (= dense_fmt for a dense model)
+    label: str                          # the bulk of the weights: the experts' format if MoE
+    b_dense: float                      # bytes per parameter incl. block scales
+    b_expert: float
+    b_emb: float
+    b_other: float
+
+
+def _precision(s: _Shape, name: str, weight_precision: str | None, is_moe: bool,
+               assumptions: list[str]) -> _Precision:
+    """The checkpoint's own formats (weight_precision None) or the override's; embeddings, LM head and
+    the small tensors stay 2 bytes."""
     if weight_precision is None:
-        dense_fmt, expert_fmt, fmt_bytes, note = _native_format(cfg, name, n_moe > 0)
+        dense_fmt, expert_fmt, fmt_bytes, note = _native_format(s.cfg, name, is_moe)
         if note:
             assumptions.append(note)
     else:
-        dense_fmt, expert_fmt = _override_format(weight_precision, n_moe > 0)
+        dense_fmt, expert_fmt = _override_format(weight_precision, is_moe)
         fmt_bytes = {}
-    label_fmt = expert_fmt if n_moe else dense_fmt
     fmt_table = {k: v[0] for k, v in WEIGHT_FORMATS.items()}
     fmt_table.update(fmt_bytes)
-    b_dense, b_expert, b_emb, b_other = fmt_table[dense_fmt], fmt_table[expert_fmt], 2.0, _UNQUANTIZED_BYTES
+    return _Precision(dense_fmt, expert_fmt, expert_fmt if is_moe else dense_fmt,
+                      fmt_table[dense_fmt], fmt_table[expert_fmt], 2.0, _UNQUANTIZED_BYTES)
 
-    # Totals
-    lm_params = lm_head
-    if tied and method not in ("eagle3", "dspark"):
-        lm_params = embed if embed else lm_head
-    stored_tables = embed + (lm_head if (lm_head_owned and not tied) else 0)
+
+@dataclass(frozen=True)
+class _Totals:
+    lm_params: int
+    params_total: int
+    params_active: int
+    weight_bytes_total: float
+    dense_weight_bytes: float
+    expert_weight_bytes: float
+    dense_flops: float
+    expert_flops: float
+
+
+def _totals(s: _Shape, layers: _Parts, o: _Outer, ex: _Experts, pr: _Precision, method: str | None) -> _Totals:
+    """Params, weight bytes and linear FLOPs per token. A tied LM head is the embedding table, stored
+    once; the routed experts are stored E times per MoE layer and run top_k times per token."""
+    lm_params = o.lm_head
+    if o.tied and method not in ("eagle3", "dspark"):
+        lm_params = o.embed if o.embed else o.lm_head
+    stored_tables = o.embed + (o.lm_head if (o.lm_head_owned and not o.tied) else 0)
+    extra = o.extra
+    routed = ex.linear + ex.other
     body = layers.total + extra.total
-    params_total = stored_tables + body + n_moe * n_experts * (expert_linear + expert_other)
-    params_active = lm_params + body - extra.lookup - layers.lookup + n_moe * top_k * (expert_linear + expert_other)
     linear_every_token = layers.dense_linear + extra.dense_linear
     small_every_token = layers.small_linear + extra.small_linear + layers.other + extra.other
-    dense_weight_bytes = lm_params * b_emb + linear_every_token * b_dense + small_every_token * b_other
-    expert_weight_bytes = expert_linear * b_expert + expert_other * b_other
-    weight_bytes_total = (stored_tables * b_emb + linear_every_token * b_dense
-                          + (small_every_token + layers.lookup + extra.lookup) * b_other
-                          + n_moe * n_experts * expert_weight_bytes)
-    dense_flops = 2.0 * (lm_params + linear_every_token + layers.small_linear + extra.small_linear)
-    expert_flops = 2.0 * n_moe * top_k * expert_linear
+    expert_weight_bytes = ex.linear * pr.b_expert + ex.other * pr.b_other
+    return _Totals(
+        lm_params=lm_params,
+        params_total=stored_tables + body + ex.n_moe * s.n_experts * routed,
+        params_active=lm_params + body - extra.lookup - layers.lookup + ex.n_moe * s.top_k * routed,
+        weight_bytes_total=(stored_tables * pr.b_emb + linear_every_token * pr.b_dense
+                            + (small_every_token + layers.lookup + extra.lookup) * pr.b_other
+                            + ex.n_moe * s.n_experts * expert_weight_bytes),
+        dense_weight_bytes=lm_params * pr.b_emb + linear_every_token * pr.b_dense + small_every_token * pr.b_other,
+        expert_weight_bytes=expert_weight_bytes,
+        dense_flops=2.0 * (lm_params + linear_every_token + layers.small_linear + extra.small_linear),
+        expert_flops=2.0 * ex.n_moe * s.top_k * ex.linear)
 
-    draft = None
-    if role == "draft":
-        target = (wrapper or {}).get("target")
-        if target is None:
-            verifier = (cfg.top.get("speculators_config") or {}).get("verifier") or {}
-            target = verifier.get("name_or_path")
-        draft = DraftInfo(
-            method=method or "draft_model",
-            target=target,
-            block_size=int(block) if block else None,
-            target_layer_ids=tuple(int(x) for x in layer_ids) if isinstance(layer_ids, list) else None,
-            shares_target_kv=method == "gemma4_mtp" or kv_shared_from <= 0,
-            markov_rank=markov_rank,
-            draft_vocab_size=draft_vocab,
-            parallel_drafting=method in ("dflash", "dspark"),
-            uses_target_lm_head=method == "dflash",
-        )
 
+# ---- the result ----------------------------------------------------------------------------------
+
+def _draft_info(s: _Shape, wrapper: dict[str, Any] | None, method: str | None, o: _Outer) -> DraftInfo:
+    target = (wrapper or {}).get("target")
+    if target is None:
+        verifier = (s.cfg.top.get("speculators_config") or {}).get("verifier") or {}
+        target = verifier.get("name_or_path")
+    return DraftInfo(
+        method=method or "draft_model",
+        target=target,
+        block_size=int(o.block) if o.block else None,
+        target_layer_ids=tuple(int(x) for x in o.layer_ids) if isinstance(o.layer_ids, list) else None,
+        shares_target_kv=method == "gemma4_mtp" or s.kv_shared_from <= 0,
+        markov_rank=o.markov_rank,
+        draft_vocab_size=o.draft_vocab,
+        parallel_drafting=method in ("dflash", "dspark"),
+        uses_target_lm_head=method == "dflash",
+    )
+
+
+def _build(raw_cfg: dict[str, Any], *, name: str, role: str | None, label: str, source: str,
+           wrapper: dict[str, Any] | None, weight_precision: str | None, kv_dtype: str) -> ModelArch:
+    """One model's ModelArch from its config. The steps keep this order: each appends its
+    assumptions (ModelArch.assumptions lists them in this order), and a config missing several
+    fields reports the first one read."""
+    cfg, assumptions = _prepared_config(raw_cfg, name, label, wrapper)
+    kv_b = _kv_value_bytes(kv_dtype)
+    role, method, tr = _role_and_method(cfg, role, wrapper, _traits(cfg))
+    s = _shape(cfg, tr, kv_b)
+    sp = _sparse_attention(s, assumptions)
+    o = _outer(s, method, assumptions)
+    attn = _attention(s, sp, o.h_in_attn)
+    ex = _experts(s)
+    layers = _Parts(other=s.n_layers * s.norms * s.h)         # the per-layer norms
+    layers.add(attn.params)
+    layers.add(_mlps(s, ex))
+    mtp = _native_mtp(s, role, sp, ex, assumptions)
+    pr = _precision(s, name, weight_precision, ex.n_moe > 0, assumptions)
+    tot = _totals(s, layers, o, ex, pr, method)
+    draft = _draft_info(s, wrapper, method, o) if role == "draft" else None
+    return _model_arch(name, role, source, kv_dtype, assumptions, s, sp, o, attn, ex, mtp, pr, tot, draft)
+
+
+def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: list[str], s: _Shape, sp: _Sparse,
+                o: _Outer, attn: _AttnSums, ex: _Experts, mtp: _Mtp, pr: _Precision, tot: _Totals,
+                draft: DraftInfo | None) -> ModelArch:
+    """The ModelArch the steps of `_build` add up to."""
+    kv_heads, head_dim, full_kv_heads, full_head_dim = _reported_heads(s)
+    n_moe = ex.n_moe
     return ModelArch(
         name=name,
-        model_type=str(cfg.top.get("model_type") or cfg.c.get("model_type") or "unknown"),
+        model_type=str(s.cfg.top.get("model_type") or s.cfg.c.get("model_type") or "unknown"),
         role=role,
-        num_layers=n_layers,
-        hidden_size=h,
-        vocab_size=vocab,
-        num_attention_heads=nq,
-        num_kv_heads=1 if uses_mla else nkv,
-        head_dim=(cfg.int("qk_nope_head_dim") + cfg.int("qk_rope_head_dim")) if uses_mla else hd,
-        num_full_attention_layers=kinds.count("full"),
-        num_sliding_attention_layers=kinds.count("sliding"),
-        sliding_window=window,
-        num_linear_attention_layers=kinds.count("linear"),
-        uses_mla=uses_mla,
-        params_total=int(params_total),
-        params_active=int(params_active),
-        params_embedding=int(embed),
-        params_lm_head=int(lm_params),
+        num_layers=s.n_layers,
+        hidden_size=s.h,
+        vocab_size=s.vocab,
+        num_attention_heads=s.nq,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        num_full_attention_layers=s.kinds.count("full"),
+        num_sliding_attention_layers=s.kinds.count("sliding"),
+        sliding_window=s.window,
+        num_linear_attention_layers=s.kinds.count("linear"),
+        uses_mla=s.uses_mla,
+        params_total=int(tot.params_total),
+        params_active=int(tot.params_active),
+        params_embedding=int(o.embed),
+        params_lm_head=int(tot.lm_params),
         num_moe_layers=n_moe,
-        num_experts=n_experts if n_moe else 0,
-        experts_per_token=top_k if n_moe else 0,
-        num_shared_experts=n_shared,
-        params_per_expert=int(expert_linear + expert_other),
-        weight_precision=label_fmt,
-        compute_weight_dtype=expert_fmt if n_moe else dense_fmt,
-        bytes_per_param={"dense": b_dense, "expert": b_expert, "embedding": b_emb, "other": b_other},
-        weight_bytes_total=float(weight_bytes_total),
-        dense_weight_bytes=float(dense_weight_bytes),
-        expert_weight_bytes=float(expert_weight_bytes),
-        dense_flops_per_token=dense_flops,
-        expert_flops_per_token=expert_flops,
+        num_experts=s.n_experts if n_moe else 0,
+        experts_per_token=s.top_k if n_moe else 0,
+        num_shared_experts=ex.n_shared,
+        params_per_expert=int(ex.linear + ex.other),
+        weight_precision=pr.label,
+        compute_weight_dtype=pr.label,
+        bytes_per_param={"dense": pr.b_dense, "expert": pr.b_expert, "embedding": pr.b_emb, "other": pr.b_other},
+        weight_bytes_total=float(tot.weight_bytes_total),
+        dense_weight_bytes=float(tot.dense_weight_bytes),
+        expert_weight_bytes=float(tot.expert_weight_bytes),
+        dense_flops_per_token=tot.dense_flops,
+        expert_flops_per_token=tot.expert_flops,
         kv_dtype=kv_dtype.lower(),
-        kv_bytes_per_token=full_kv + sparse_kv + index_kv,
-        swa_kv_bytes_per_token=swa_kv,
-        state_bytes_per_seq=state,
-        attn_flops_per_token_per_ctx=full_flops + index_flops,
-        swa_attn_flops_per_token_per_ctx=swa_flops,
-        linear_attn_flops_per_token=lin_flops,
-        native_mtp_layers=n_mtp,
+        kv_bytes_per_token=attn.full_kv + attn.sparse_kv + attn.index_kv,
+        swa_kv_bytes_per_token=attn.swa_kv,
+        state_bytes_per_seq=attn.state,
+        attn_flops_per_token_per_ctx=attn.full_flops + attn.index_flops,
+        swa_attn_flops_per_token_per_ctx=attn.swa_flops,
+        linear_attn_flops_per_token=attn.lin_flops,
+        native_mtp_layers=mtp.layers,
         draft=draft,
         source=source,
-        dense_weight_dtype=dense_fmt,
-        full_num_kv_heads=1 if uses_mla else full_nkv,
-        full_head_dim=(cfg.int("qk_nope_head_dim") + cfg.int("qk_rope_head_dim")) if uses_mla else full_hd,
-        num_sparse_attention_layers=sum(sparse_flags),
-        sparse_attention_tokens=sparse_tokens,
-        sparse_kv_bytes_per_token=sparse_kv,
-        index_kv_bytes_per_token=index_kv,
-        sparse_attn_flops_per_token_per_ctx=sparse_flops,
-        params_native_mtp=int(mtp_params),
-        mtp_kv_bytes_per_token=mtp_kv,
-        tied_embeddings=bool(tied and embed and lm_head_owned),
+        dense_weight_dtype=pr.dense_fmt,
+        full_num_kv_heads=full_kv_heads,
+        full_head_dim=full_head_dim,
+        num_sparse_attention_layers=sum(sp.flags),
+        sparse_attention_tokens=sp.tokens,
+        sparse_kv_bytes_per_token=attn.sparse_kv,
+        index_kv_bytes_per_token=attn.index_kv,
+        sparse_attn_flops_per_token_per_ctx=attn.sparse_flops,
+        params_native_mtp=int(mtp.params),
+        mtp_kv_bytes_per_token=mtp.kv,
+        tied_embeddings=bool(o.tied and o.embed and o.lm_head_owned),
         assumptions=tuple(assumptions),
     )
 

@@ -28,12 +28,20 @@ import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from capacity.cost.step_cost import StepFeatures
 from capacity.errors import CapacityError
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.traffic import build_requests
+from capacity.sim import simulate, summary
+from capacity.sim.metrics import parse_slos
 from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
 
@@ -139,10 +147,6 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
     B·P/S prefill tokens) and Little's law gives λ(B) = B / (S · t(B)). One vectorised pass over a
     grid of B prices every candidate batch at once.
     """
-    from capacity.inputs import scenario as scenario_mod
-    from capacity.sim import simulate
-    from capacity.cost.step_cost import StepFeatures
-
     sc = scenario_mod.from_dict(scenario_dict, "plan candidate")
     dep = simulate.deploy(sc)
     cost, spec, m = dep.cost, dep.speculation, dep.model
@@ -200,10 +204,6 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
 
 # ---------------------------------------------------------------------------------------------- simulation
 def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str, Any]:
-    from capacity.inputs import scenario as scenario_mod
-    from capacity.sim import simulate
-    from capacity.sim import summary
-
     try:
         res = simulate.run(scenario_mod.from_dict(scenario_dict, "plan candidate"))
     except CapacityError as e:
@@ -237,14 +237,21 @@ class PlanResult:
                 "wall_time_s": self.wall_time_s}
 
 
-def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
-        progress: bool = True) -> PlanResult:
-    from capacity.sim import metrics
-    from capacity.inputs import scenario as scenario_mod
-    from capacity.inputs import traffic
+@dataclass
+class _Setup:
+    """What every stage reads: the scenario (with its plan section), the plan settings, the SLOs and
+    the traffic's prompt and output sizes."""
 
-    t0 = time.perf_counter()
-    prog = Progress("plan", progress)
+    base: dict[str, Any]
+    cfg: PlanConfig
+    slos: list
+    mean_prompt: float
+    mean_output: float
+    p99_prompt: float
+    target: float                       # the rate the replicas are sized for: target × (1 + headroom)
+
+
+def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
     path, data = scenario_mod.read_yaml(scenario_name)
     if not isinstance(data, dict):
         raise CapacityError(f"{path}: a scenario is a YAML mapping with deployment, traffic, slo and plan sections")
@@ -258,23 +265,21 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     sc0 = scenario_mod.from_dict({k: v for k, v in base.items() if k != "plan"}, str(path))
     if not sc0.slo:
         raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
-    slos = metrics.parse_slos(sc0.slo)
-    stream = traffic.build_requests(sc0.traffic, np.random.default_rng(0))
-    mean_prompt, mean_output = float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean())
-    p99_prompt = float(np.percentile(stream.prompt_tokens, 99))
-    target = cfg.target_rate_rps * (1 + cfg.headroom)
-    cands = expand(cfg.search)
-    workers = max(1, min(workers or os.cpu_count() or 1, 8))
+    slos = parse_slos(sc0.slo)
+    stream = build_requests(sc0.traffic, np.random.default_rng(0))
+    return _Setup(base, cfg, slos, float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean()),
+                  float(np.percentile(stream.prompt_tokens, 99)), cfg.target_rate_rps * (1 + cfg.headroom))
 
-    # stage 1: analytic bracket for every candidate
-    from capacity.inputs.hardware import load_gpu
 
+def _screen(st: _Setup, cands: list[Candidate], prog: Progress) -> None:
+    """Stage 1: the analytic bracket for every candidate, sized by it; an error or no rate at all
+    marks a candidate infeasible, and no feasible candidate at all is an error."""
     for i, c in enumerate(cands):
         prog.update("analytic bracket", i + 1, len(cands))
         try:
             c.cost_per_gpu_hour_usd = load_gpu(c.gpu).cost_per_gpu_hour_usd
-            c.analytic_rate_rps = analytic_max_rate(candidate_scenario(base, c, 1.0), slos, mean_prompt, mean_output,
-                                                    p99_prompt)
+            c.analytic_rate_rps = analytic_max_rate(candidate_scenario(st.base, c, 1.0), st.slos, st.mean_prompt,
+                                                    st.mean_output, st.p99_prompt)
         except CapacityError as e:
             c.feasible, c.reason = False, str(e)
             continue
@@ -282,82 +287,115 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
             c.feasible, c.reason = False, "cannot meet the SLOs even at a trickle of traffic"
         else:
             c.max_rate_per_replica_rps = c.analytic_rate_rps
-            _size(c, target, cfg.max_replicas)
-    feasible = [c for c in cands if c.feasible]
-    if not feasible:
+            _size(c, st.target, st.cfg.max_replicas)
+    if not any(c.feasible for c in cands):
         reasons = sorted({c.reason for c in cands if c.reason})
         raise CapacityError(f"no candidate meets the SLOs: {reasons[0] if reasons else 'none feasible'}; "
                             "widen plan.search (more GPUs/TP) or relax the slo")
 
-    # stage 2: simulate the best few (by analytic GPU count, then cost) with a short bisection
-    # Simulate the best candidates, the best of each (GPU, TP, method) family first so that the
-    # shortlist is diverse; then rescale the analytic estimates of the others by what simulation
-    # found (median simulated/analytic ratio) and simulate again while an unsimulated candidate
-    # still ranks first.
-    factors = (0.4, 0.6, 0.8, 1.0)
+
+def _shortlist(cands: list[Candidate], round_: int, size: int) -> list[Candidate]:
+    """The next candidates to simulate: the best unsimulated one of each (GPU, TP, method) family, by
+    analytic GPU count, then cost, so that the shortlist is diverse (and in the first round the best
+    plain-decoding one, which speculation is compared with); empty once no unsimulated candidate
+    ranks ahead of the best simulated one."""
+    pending = sorted([c for c in cands if c.feasible and not c.simulated],
+                     key=lambda c: (c.total_gpus, c.cost_per_hour_usd, -c.analytic_rate_rps))
+    simulated = [c for c in cands if c.feasible and c.simulated]
+    best_sim = min(simulated, key=lambda c: (c.total_gpus, c.cost_per_hour_usd), default=None)
+    if not pending or (best_sim is not None and (pending[0].total_gpus, pending[0].cost_per_hour_usd)
+                       >= (best_sim.total_gpus, best_sim.cost_per_hour_usd)):
+        return []
+    top, seen = [], set()
+    plain = [c for c in pending if c.method == "none"]
+    if round_ == 0 and plain:
+        top.append(plain[0])
+        seen.add((plain[0].gpu, plain[0].tensor_parallel_size, plain[0].method))
+    for c in pending:
+        key = (c.gpu, c.tensor_parallel_size, c.method)
+        if key not in seen:
+            seen.add(key)
+            top.append(c)
+        if len(top) >= size:
+            break
+    return top
+
+
+# Probed rates of a shortlisted candidate, as fractions of its (rescaled) analytic rate.
+_PROBE_FACTORS = (0.4, 0.6, 0.8, 1.0)
+
+
+def _probe_shortlist(st: _Setup, top: list[Candidate], ratio: float, workers: int, round_: int,
+                     prog: Progress) -> None:
+    """Simulate each shortlisted candidate at the probe rates (in parallel); its sustained rate is the
+    highest that met the SLOs, and none at all makes it infeasible."""
+    jobs = [(i, candidate_scenario(st.base, c, c.analytic_rate_rps * ratio * f, num_requests=st.cfg.requests_per_probe),
+             c.analytic_rate_rps * ratio * f) for i, c in enumerate(top) for f in _PROBE_FACTORS]
+    results: dict[int, list[tuple[float, bool]]] = {}
+    done = 0
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for idx, rate, ok in pool.map(_probe, jobs):
+            results.setdefault(idx, []).append((rate, ok))
+            done += 1
+            prog.update(f"simulating candidates (round {round_ + 1})", done, len(jobs))
+    for i, c in enumerate(top):
+        ok_rates = [r for r, ok in results.get(i, []) if ok]
+        c.simulated = True
+        if ok_rates:
+            c.max_rate_per_replica_rps = max(ok_rates)
+            _size(c, st.target, st.cfg.max_replicas)
+        else:
+            c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
+
+
+def _rescale(st: _Setup, cands: list[Candidate], ratio: float) -> float:
+    """Rescale the unsimulated candidates' analytic rates by the median simulated/analytic ratio so
+    far (and re-size them); that ratio, or `ratio` unchanged if nothing has been simulated."""
+    found = [c.max_rate_per_replica_rps / c.analytic_rate_rps for c in cands
+             if c.simulated and c.feasible and c.analytic_rate_rps > 0]
+    if not found:
+        return ratio
+    ratio = float(np.median(found))
+    for c in cands:
+        if c.feasible and not c.simulated:
+            c.max_rate_per_replica_rps = c.analytic_rate_rps * ratio
+            _size(c, st.target, st.cfg.max_replicas)
+    return ratio
+
+
+def _simulate_best(st: _Setup, cands: list[Candidate], workers: int, prog: Progress) -> None:
+    """Stage 2: up to three rounds of shortlist, probe by simulation, rescale the rest, while an
+    unsimulated candidate still ranks first."""
     ratio = 1.0
     for round_ in range(3):
-        pending = sorted([c for c in cands if c.feasible and not c.simulated],
-                         key=lambda c: (c.total_gpus, c.cost_per_hour_usd, -c.analytic_rate_rps))
-        simulated = [c for c in cands if c.feasible and c.simulated]
-        best_sim = min(simulated, key=lambda c: (c.total_gpus, c.cost_per_hour_usd), default=None)
-        if not pending or (best_sim is not None and (pending[0].total_gpus, pending[0].cost_per_hour_usd)
-                           >= (best_sim.total_gpus, best_sim.cost_per_hour_usd)):
+        top = _shortlist(cands, round_, st.cfg.simulate_top)
+        if not top:
             break
-        top, seen = [], set()
-        # always confirm the best plain-decoding candidate too: it is what speculation is compared with
-        plain = [c for c in pending if c.method == "none"]
-        if round_ == 0 and plain:
-            top.append(plain[0])
-            seen.add((plain[0].gpu, plain[0].tensor_parallel_size, plain[0].method))
-        for c in pending:
-            key = (c.gpu, c.tensor_parallel_size, c.method)
-            if key not in seen:
-                seen.add(key)
-                top.append(c)
-            if len(top) >= cfg.simulate_top:
-                break
-        jobs = [(i, candidate_scenario(base, c, c.analytic_rate_rps * ratio * f, num_requests=cfg.requests_per_probe),
-                 c.analytic_rate_rps * ratio * f) for i, c in enumerate(top) for f in factors]
-        results: dict[int, list[tuple[float, bool]]] = {}
-        done = 0
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for idx, rate, ok in pool.map(_probe, jobs):
-                results.setdefault(idx, []).append((rate, ok))
-                done += 1
-                prog.update(f"simulating candidates (round {round_ + 1})", done, len(jobs))
-        for i, c in enumerate(top):
-            ok_rates = [r for r, ok in results.get(i, []) if ok]
-            c.simulated = True
-            if ok_rates:
-                c.max_rate_per_replica_rps = max(ok_rates)
-                _size(c, target, cfg.max_replicas)
-            else:
-                c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
-        found = [c.max_rate_per_replica_rps / c.analytic_rate_rps for c in cands
-                 if c.simulated and c.feasible and c.analytic_rate_rps > 0]
-        if found:
-            ratio = float(np.median(found))
-            for c in cands:
-                if c.feasible and not c.simulated:
-                    c.max_rate_per_replica_rps = c.analytic_rate_rps * ratio
-                    _size(c, target, cfg.max_replicas)
+        _probe_shortlist(st, top, ratio, workers, round_, prog)
+        ratio = _rescale(st, cands, ratio)
+
+
+def _choose(cands: list[Candidate]) -> tuple[list[Candidate], Candidate]:
+    """(the feasible candidates by GPU count, then cost, simulated first; the best simulated one)."""
     ranked = sorted([c for c in cands if c.feasible],
                     key=lambda c: (c.total_gpus, c.cost_per_hour_usd, not c.simulated))
     sim_ranked = [c for c in ranked if c.simulated]
     if not sim_ranked:
         raise CapacityError("no candidate met the SLOs in simulation; relax the slo or widen plan.search")
-    best = sim_ranked[0]
+    return ranked, sim_ranked[0]
 
-    # stage 3: confirm with the whole cluster at the target rate, and with one replica fewer
-    n_conf = max(cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
+
+def _confirm(st: _Setup, best: Candidate, n_req: int, prog: Progress) -> dict[str, Any]:
+    """Stage 3: simulate the whole cluster at the target rate, adding a replica while it misses the
+    SLOs and removing one while one fewer also meets them; re-size `best` to the confirmed count.
+    The evidence: {"recommended": the run at that count, "one_fewer_replica": the run with one fewer}."""
+    rate = st.cfg.target_rate_rps
     replicas = best.replicas
-    evidence: dict[str, Any] = {}
     for _ in range(8):
         prog.update(f"confirming {best.label} × {replicas} replicas")
-        at = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf), explain=True)
+        at = _simulate(candidate_scenario(st.base, best, rate, replicas, n_req), explain=True)
         if at.get("ok"):
-            fewer = _simulate(candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf)) if replicas > 1 else None
+            fewer = _simulate(candidate_scenario(st.base, best, rate, replicas - 1, n_req)) if replicas > 1 else None
             if fewer is not None and fewer.get("ok"):
                 replicas -= 1  # not minimal: step down and confirm again
                 continue
@@ -365,16 +403,19 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
             break
         replicas += 1
     else:
-        raise CapacityError(f"could not confirm {best.label} at {cfg.target_rate_rps} req/s within 8 adjustments")
+        raise CapacityError(f"could not confirm {best.label} at {rate} req/s within 8 adjustments")
     best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
     best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
-    comparison = _with_and_without(base, best, ranked, cfg.target_rate_rps, n_conf, evidence["recommended"], prog)
-    prog.close()
+    return evidence
+
+
+def _recommendation(st: _Setup, best: Candidate, ranked: list[Candidate], evidence: dict[str, Any],
+                    comparison: list[dict[str, Any]]) -> dict[str, Any]:
     m = evidence["recommended"]["metrics"]
     out_tok_s = m["output_throughput_tok_s"] or 0.0
-    rec = {
+    return {
         **best.row(),
-        "target_rate_rps": cfg.target_rate_rps, "headroom": cfg.headroom,
+        "target_rate_rps": st.cfg.target_rate_rps, "headroom": st.cfg.headroom,
         "cost_per_million_output_tokens_usd": best.cost_per_hour_usd / (out_tok_s * 3600) * 1e6 if out_tok_s else None,
         "slo": m.get("slo"), "slo_met": m.get("slo_met"),
         "one_fewer_replica_slo_met": (evidence["one_fewer_replica"] or {}).get("metrics", {}).get("slo_met"),
@@ -388,8 +429,26 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
         # cheapest deployment without speculation: throughput and latency with and without it
         "comparison": comparison,
     }
-    rec_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas, n_conf)
-    fewer_sc = candidate_scenario(base, best, cfg.target_rate_rps, replicas - 1, n_conf) if replicas > 1 else None
+
+
+def run(scenario_name: str | None = None, overrides: list[str] | None = None, workers: int | None = None,
+        progress: bool = True) -> PlanResult:
+    t0 = time.perf_counter()
+    prog = Progress("plan", progress)
+    st = _setup(scenario_name, overrides)
+    cands = expand(st.cfg.search)
+    workers = max(1, min(workers or os.cpu_count() or 1, 8))
+    _screen(st, cands, prog)
+    _simulate_best(st, cands, workers, prog)
+    ranked, best = _choose(cands)
+    n_conf = max(st.cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
+    evidence = _confirm(st, best, n_conf, prog)
+    comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_conf, evidence["recommended"], prog)
+    prog.close()
+    rec = _recommendation(st, best, ranked, evidence, comparison)
+    rate, replicas = st.cfg.target_rate_rps, best.replicas
+    rec_sc = candidate_scenario(st.base, best, rate, replicas, n_conf)
+    fewer_sc = candidate_scenario(st.base, best, rate, replicas - 1, n_conf) if replicas > 1 else None
     ev_json = {k: (v or {}).get("payload") for k, v in evidence.items()}
     ev_req = {k: (v or {}).get("requests") for k, v in evidence.items() if v}
     return PlanResult(rec, [c.row() for c in ranked] + [c.row() for c in cands if not c.feasible], ev_json,
@@ -401,13 +460,11 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     """The target rate simulated on the recommendation (already done), on the same deployment with
     speculation off, and on the cheapest deployment without speculation: [{label, gpus, slo_met,
     metrics}] for the summary's with/without table. Empty when the recommendation drafts nothing."""
-    from capacity.sim.summary import comparison_metrics
-
     def entry(label: str, c: Candidate, replicas: int, res: dict[str, Any]) -> dict[str, Any]:
         m = res.get("metrics") or {}
         return {"label": label, "config": c.label, "gpus": replicas * c.tensor_parallel_size,
                 "slo_met": bool(res.get("ok")), "stable": bool(res.get("stable")),
-                "metrics": comparison_metrics(m) if m else None, "error": res.get("error")}
+                "metrics": summary.comparison_metrics(m) if m else None, "error": res.get("error")}
 
     if best.method == "none":
         return []
@@ -464,19 +521,15 @@ def summary_text(p: PlanResult) -> str:
         lines.append("                acceptance: " + (basis if len(basis) <= 160 else basis[:157] + "..."))
     sb = r.get("speculation_by_batch")
     if sb:
-        from capacity.sim.summary import speculation_lines
-
-        lines += ["                " + line for line in speculation_lines(sb)]
+        lines += ["                " + line for line in summary.speculation_lines(sb)]
     wo = r.get("without_speculation")
     if r["method"] != "none" and wo:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "
                      f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
     runs = [c for c in r.get("comparison") or [] if c.get("metrics")]
     if len(runs) > 1:
-        from capacity.sim.summary import metrics_table
-
         lines.append("")
-        lines += metrics_table(f"At {r['target_rate_rps']:g} req/s",
+        lines += summary.metrics_table(f"At {r['target_rate_rps']:g} req/s",
                                [(f"{c['label']}", c["metrics"]) for c in runs])
         cells = [f"{c['gpus']} GPUs, " + ("SLO met" if c["slo_met"] else "SLO missed" if c.get("stable", True)
                                           else "overloaded") for c in runs]
@@ -494,10 +547,6 @@ def summary_text(p: PlanResult) -> str:
 
 
 def write(p: PlanResult, out) -> None:
-    from pathlib import Path
-
-    import yaml
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "plan.json", p.to_json())
