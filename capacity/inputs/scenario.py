@@ -2,7 +2,8 @@
 
 Scenarios are YAML files validated by pydantic (unknown or misspelled keys are errors). `load`
 resolves a name from the shipped `scenarios/` folder or a path, applies `--set dotted.key=value`
-overrides, and turns any validation problem into a one-line CapacityError.
+overrides, and turns any validation problem into a one-line CapacityError. Every key, its default,
+unit and meaning: scenarios/README.md, generated from these models by capacity/inputs/scenario_doc.py.
 """
 
 from __future__ import annotations
@@ -25,15 +26,21 @@ class _Strict(BaseModel):
 
 
 class Deployment(_Strict):
-    gpu: str = "MI300X"
-    model: str
+    """What is deployed: the GPU, the model and how it is split over GPUs and replicas."""
+
+    gpu: str = Field("MI300X", description="GPU profile: a name from hw_profiles/ (case-insensitive; `capacity hardware` "
+                                           "lists them) or the path of a profile YAML (e.g. one `capacity calibrate --out` wrote)")
+    model: str = Field(description="target model: a Hugging Face id from capacity/data/model_configs/ (`capacity models` "
+                                   "lists them) or the path of a Hugging Face config.json")
     precision: str | None = Field(None, description="weight precision override (bf16, fp8, mxfp8, int4, mxfp4, fp4); default: the checkpoint's own")
-    kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
-    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    kv_cache_dtype: Literal["bf16", "fp8"] = Field("bf16", description="KV-cache data type (vLLM --kv-cache-dtype): 2 or 1 byte per cached value")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per replica (vLLM --tensor-parallel-size)")
     expert_parallel: bool = Field(False, description="vLLM --enable-expert-parallel: MoE experts are spread whole over "
                                                      "the tensor-parallel GPUs instead of sliced (EP size = TP size)")
-    replicas: int = Field(1, ge=1)
-    router: Literal["round_robin", "least_outstanding"] = "least_outstanding"
+    replicas: int = Field(1, ge=1, description="identical engine replicas behind the router; GPUs = replicas × tensor_parallel_size")
+    router: Literal["round_robin", "least_outstanding"] = Field(
+        "least_outstanding", description="how requests are spread over replicas: in turn, or to the replica with the "
+                                         "fewest unfinished requests (ties: the lowest index)")
     gpu_overrides: dict[str, Any] = Field(default_factory=dict, description="e.g. {efficiency: {gemm: 0.6}, cost_per_gpu_hour_usd: 2.5}")
 
 
@@ -41,12 +48,16 @@ class Engine(_Strict):
     """vLLM engine arguments. Defaults are vLLM's for the OpenAI server on GPUs with >= 70 GiB
     (vllm/engine/arg_utils.py `get_batch_defaults`: 8192 batched tokens, 1024 sequences)."""
 
-    max_num_batched_tokens: int = Field(8192, ge=1)
-    max_num_seqs: int = Field(1024, ge=1)
-    block_size: int = Field(16, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    long_prefill_token_threshold: int = Field(0, ge=0)
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = Field(8192, ge=1, description="token budget of one engine step (prefill chunks + "
+                                                                 "decode and verification tokens), per replica")
+    max_num_seqs: int = Field(1024, ge=1, description="most requests running at once in one replica")
+    block_size: int = Field(16, ge=1, description="tokens per KV-cache block", json_schema_extra={"unit": "tokens"})
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's HBM vLLM may use for "
+                                                                        "weights, activations and the KV cache")
+    long_prefill_token_threshold: int = Field(0, ge=0, description="most prompt tokens one request gets in a step "
+                                                                   "(vLLM --long-prefill-token-threshold); 0 = no cap")
+    enable_chunked_prefill: bool = Field(True, description="false: a waiting request is admitted only when its whole "
+                                                           "prompt fits the step's remaining token budget")
     model_runner: Literal["v1", "v2"] = Field(
         "v1", description="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 selects v2). v1, the default, does "
                           "per-request host work in speculative steps that the hardware profile's "
@@ -59,33 +70,45 @@ class Engine(_Strict):
 
 
 class Speculative(_Strict):
-    method: str = "none"
-    num_speculative_tokens: int = Field(0, ge=0)
-    draft: str | None = None
-    acceptance: dict[str, Any] | None = None
-    policy: dict[str, Any] | None = None
+    """Speculative decoding: the drafting method, drafts per step, acceptance and policy (spec/decoding.py)."""
+
+    method: str = Field("none", description="drafting method of capacity/data/methods.yaml (`capacity methods`), or "
+                                            "none; other spellings such as EAGLE-3 are accepted")
+    num_speculative_tokens: int = Field(0, ge=0, description="drafted tokens N per verification step (vLLM's "
+                                                             "num_speculative_tokens); 0 = speculation off")
+    draft: str | None = Field(None, description="draft checkpoint id or config.json path; default: the method's "
+                                                "default draft for the target (methods.yaml); mtp and ngram take none")
+    acceptance: dict[str, Any] | None = Field(None, description="how many drafts are accepted; default: the seed "
+                                                                "article's profile of the method and target for chat")
+    policy: dict[str, Any] | None = Field(None, description="how many tokens to draft each step; default: always N")
     overrides: dict[str, Any] | None = Field(None, description="method cost parameters, e.g. {draft_pass_overhead_us: 80}")
 
 
 class Simulation(_Strict):
-    seed: int = 0
+    """How the simulation itself runs."""
+
+    seed: int = Field(0, description="seed of every random draw (arrivals, lengths, class mix, acceptance): "
+                                     "the same seed gives the same result")
     max_sim_time_s: float | None = Field(None, gt=0, description="stop the clock here; default: last arrival × 1.5 + 300 s")
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
-    description: str = ""
-    deployment: Deployment
-    engine: Engine = Field(default_factory=Engine)
-    speculative: Speculative = Field(default_factory=Speculative)
-    traffic: TrafficConfig
-    slo: str | None = Field(None, description="e.g. 'ttft:p99<1s;tpot:p90<40ms'")
-    simulation: Simulation = Field(default_factory=Simulation)
+    """A whole scenario file."""
+
+    name: str = Field("scenario", description="a short name, used in reports and output folders")
+    description: str = Field("", description="one line saying what the scenario is")
+    deployment: Deployment = Field(description="what is deployed")
+    engine: Engine = Field(default_factory=Engine, description="vLLM engine arguments")
+    speculative: Speculative = Field(default_factory=Speculative, description="speculative decoding; off by default")
+    traffic: TrafficConfig = Field(description="what arrives and when to stop")
+    slo: str | None = Field(None, description="service-level objectives, e.g. 'ttft:p99<1s;tpot:p90<40ms'; "
+                                             "none: no SLO check (`capacity plan` needs them)")
+    simulation: Simulation = Field(default_factory=Simulation, description="seed and horizon")
     plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/studies/plan.py)")
 
 
 def resolve_path(name_or_path: str | None) -> Path:
-    """A shipped scenario name ('default', 'chatbot') or a path to a YAML file."""
+    """A shipped scenario name (a file stem of scenarios/, e.g. 'default') or a path to a YAML file."""
     if name_or_path is None:
         name_or_path = DEFAULT_SCENARIO
     path = Path(name_or_path)
