@@ -121,7 +121,7 @@ def expected_max_std_normal(m: int) -> float:
     """E[max of m independent standard normals] (0 for m = 1): ∫ x · m φ(x) Φ(x)^(m−1) dx."""
     if m <= 1:
         return 0.0
-    from scipy import integrate, stats
+    from scipy import integrate, stats   # imported when first needed (EP > 1 only): scipy takes about a second to import
 
     value, _ = integrate.quad(lambda x: x * m * stats.norm.pdf(x) * stats.norm.cdf(x) ** (m - 1), -12.0, 12.0)
     return float(value)

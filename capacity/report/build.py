@@ -197,7 +197,7 @@ def scenario_acceptance(sc: dict[str, Any]) -> tuple[np.ndarray | None, str]:
             gpu = gpu.with_overrides(**d["gpu_overrides"])
         model = load_model(d["model"], weight_precision=d.get("precision"), kv_dtype=d.get("kv_cache_dtype", "bf16"))
         spec = build_speculation(sp, gpu, model, int(d.get("tensor_parallel_size", 1)))
-        acc = getattr(spec, "acceptance", None)
+        acc = spec.acceptance
         if acc is None:
             return None, "the scenario builds no acceptance model"
         cfg = sp.get("acceptance")

@@ -11,7 +11,7 @@ Each step follows vLLM v1's `Scheduler.schedule()` (vllm/v1/core/sched/scheduler
 2. If nothing was preempted, WAITING requests FCFS while the budget lasts and fewer than
    `max_num_seqs` run: a new (or resumed) request gets a chunk of its prompt (chunked prefill
    fills the remaining budget); the first request whose blocks do not fit stops admission.
-3. One forward pass over all scheduled tokens (StepCostModel), plus the drafter's work.
+3. One forward pass over all scheduled tokens (a `StepCost`: StepCostModel), plus the drafter's work.
 4. Update (`update_from_output`): requests whose known tokens are all computed emit tokens —
    1 without speculation, A + 1 with it (A accepted drafts, rejected ones rolled back) — as one
    streamed chunk; finished requests free their blocks.
@@ -35,7 +35,8 @@ import numpy as np
 import simpy
 
 from capacity.spec.interface import NoSpeculation, Speculation
-from capacity.cost.step_cost import (NUM_FEATURES, StepCostModel, StepFeatures, StepTime, TokenTable, all_true, float_sum,
+from capacity.cost.interface import StepCost
+from capacity.cost.step_cost import (NUM_FEATURES, StepFeatures, StepTime, TokenTable, all_true, float_sum,
                                  int_min, int_sum)
 
 
@@ -304,7 +305,7 @@ class Replica:
     """One serving instance (TP GPUs running one vLLM engine)."""
 
     def __init__(self, env: simpy.Environment, index: int, table: RequestTable,
-                 cost: StepCostModel, limits: EngineLimits, kv_blocks_for: Callable[[np.ndarray], np.ndarray],
+                 cost: StepCost, limits: EngineLimits, kv_blocks_for: Callable[[np.ndarray], np.ndarray],
                  on_finish: Callable[[np.ndarray], None], rng: np.random.Generator,
                  speculation: Speculation | None = None):
         self.env = env

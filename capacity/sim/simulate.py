@@ -24,6 +24,8 @@ from capacity.errors import CapacityError
 from capacity.inputs.hardware import GpuProfile, load_gpu
 from capacity.inputs.models import ModelArch, load_model
 from capacity.inputs.scenario import Scenario
+from capacity.spec.decoding import build_speculation
+from capacity.spec.draft_cost import DraftCost
 from capacity.spec.interface import Speculation
 from capacity.cost.step_cost import StepCostModel
 from capacity.inputs.traffic import RequestStream, build_requests
@@ -60,8 +62,6 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
                             "(expert parallelism only applies to mixture-of-experts models)")
     kv_split = 1 if model.uses_mla else tp
     if speculation is None:
-        from capacity.spec.decoding import build_speculation
-
         speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner)
         _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
@@ -100,7 +100,8 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
 
 _SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
 _SHARED_MAX = 16   # entries kept: two per deployment (its StepCostModel; its drafter memo, 2-8 MB)
-_DERIVED = frozenset({"tables", "_steps_memo", "_linear_memo"})   # caches, not inputs
+# caches, not inputs: StepCostModel.tables (attention tables filled as contexts grow) and a DraftCost's memos
+_DERIVED = frozenset({"tables"}) | DraftCost.MEMO_ATTRIBUTES
 _SHARED_LOCK = threading.Lock()                     # a sweep may simulate in threads
 
 
@@ -180,18 +181,12 @@ def _share_draft_memo(speculation: Speculation) -> None:
     500 entries in the default scenario, ~30 us each) carry over between simulations of equal
     DraftCosts. Their keys and values depend only on the DraftCost's inputs, so a shared entry holds
     the same bits. The attention tables of the drafter's pieces (`AttentionTables`, filled as contexts
-    grow: some 40 table builds, ~6 ms, per simulation of the default scenario) carry over likewise."""
-    cost = getattr(speculation, "draft_cost", None)
-    if cost is None or not isinstance(getattr(cost, "_steps_memo", None), dict) \
-            or not isinstance(getattr(cost, "_linear_memo", None), dict):
-        return
-    key = _fingerprint(cost)
+    grow: some 40 table builds, ~6 ms, per simulation of the default scenario) carry over likewise
+    (`DraftCost.price_memos` / `adopt_price_memos`)."""
+    cost = speculation.draft_cost
+    key = None if cost is None else _fingerprint(cost)
     if key is not None:
-        pieces = [p for p in (cost._first, cost._later, cost._head, cost._context, cost._markov) if p is not None]
-        cost._steps_memo, cost._linear_memo, tables = _remember(
-            "draft\x1e" + key, (cost._steps_memo, cost._linear_memo, [p.cost.tables for p in pieces]))
-        for piece, shared in zip(pieces, tables):   # equal fingerprints: the same pieces, in the same order
-            piece.cost.tables = shared
+        cost.adopt_price_memos(_remember("draft\x1e" + key, cost.price_memos()))
 
 
 class Cluster:

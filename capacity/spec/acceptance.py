@@ -12,7 +12,9 @@ Every model implements `AcceptanceModel`:
 * ``sample(ids, num_spec, rng)``: accepted drafts per request for ONE verification step (``ids`` are the
   engine's request ids, stable over a request's life; per-request state is keyed on them);
 * ``sample_steps(ids, num_spec, num_steps, rng)``: a (num_steps, len(ids)) array for consecutive steps of
-  the same requests, distributed exactly as num_steps calls of ``sample`` (state advances in order).
+  the same requests, distributed exactly as num_steps calls of ``sample`` (state advances in order);
+* ``supports_runs``: True for the models without per-request state (iid, chain, profile, histogram),
+  which also have ``skip_steps``, so the engine may fast-forward runs of decode steps.
 
 Sampling uses one uniform (or one normal) per request per step and the inverse CDF,
 A = #{j <= n : U < S_j}, which has exactly P(A >= j) = S_j - the same law as walking the chain
@@ -111,6 +113,10 @@ _PROFILE_FILE = "acceptance_profiles.yaml"
 
 @runtime_checkable
 class AcceptanceModel(Protocol):
+    supports_runs: bool
+    """True when sampling keeps no per-request state: ``skip_steps(ids, num_spec, num_steps, rng)``
+    then advances `rng` as ``sample_steps`` would, and the engine may fast-forward decode runs."""
+
     def survival(self, n: int) -> np.ndarray:
         """S_1..S_n = P(A >= j) with n drafts (population average)."""
 
@@ -150,6 +156,8 @@ def _extend(rates: np.ndarray, n: int, decay: float) -> np.ndarray:
 
 class _Stateless:
     """Shared sampling for models defined by their survival curve alone (no per-request state)."""
+
+    supports_runs = True
 
     def __init__(self) -> None:
         self._cache: dict[int, np.ndarray] = {}
@@ -389,9 +397,11 @@ class HeterogeneousAcceptance:
     same n; the ICC holds for every n.
     """
 
+    supports_runs = False   # per-request latent state (Z_r, the AR(1) Y)
+
     def __init__(self, base: AcceptanceModel, concentration: float | None = None,
                  correlation: float | None = None):
-        if not isinstance(base, _Stateless):
+        if not base.supports_runs:
             raise CapacityError("heterogeneous acceptance needs a base of model iid, chain, profile or histogram "
                                 f"(got {type(base).__name__}); set `base: {{model: profile, ...}}`")
         self.base = base
@@ -425,7 +435,7 @@ class HeterogeneousAcceptance:
         """(thresholds c_1..c_n, rho, psi) used with n drafts."""
         p = self._params.get(n)
         if p is None:
-            s = self.base._surv(int(n))
+            s = self.base.survival(int(n))
             c = _latent_thresholds(s)
             rho = _latent_corr_for(c, s, self.icc) if self.icc > 0 else 0.0
             psi = 0.0
@@ -521,6 +531,8 @@ class TraceAcceptance:
       JSONL ``{"request_id": 7, "acc_len": [3, 1, 2, 5]}`` (a space-separated string is accepted too)
     `survival(n)` is the average over every recorded position of every trace (equal weight).
     """
+
+    supports_runs = False   # per-request positions in the traces
 
     def __init__(self, source: str | Path | Sequence[Sequence[int]]):
         if isinstance(source, (str, Path)):

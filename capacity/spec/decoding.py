@@ -13,16 +13,15 @@ import numpy as np
 
 from capacity.errors import CapacityError
 from capacity.inputs.models import ModelArch, load_model
-from capacity.spec.acceptance import acceptance_from_config
+from capacity.spec.acceptance import AcceptanceModel, acceptance_from_config
 from capacity.spec.draft_cost import ArrayLike, DraftCost
-from capacity.spec.interface import NoSpeculation
+from capacity.spec.interface import NoSpeculation, Speculation
 from capacity.spec.methods import NO_SPECULATION, DraftMethod, get_method, max_num_speculative_tokens
 from capacity.spec.policies import SpeculationPolicy, StaticPolicy, policy_from_config
 from capacity.cost.step_cost import AttentionTables, StepCostModel, StepTime, int_sum
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
-    from capacity.spec.interface import Speculation
 
 
 # --------------------------------------------------------------------------------------------------
@@ -30,23 +29,22 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------------------------------
 
 class SpeculativeDecoding:
-    """Speculative decoding as the engine sees it: a policy picks N per step, the DraftCost prices the
-    drafter, the acceptance model draws accepted drafts.
+    """Speculative decoding as the engine sees it (`capacity.spec.interface.Speculation`): a policy
+    picks N per step, the DraftCost prices the drafter, the acceptance model draws accepted drafts.
 
     `lookahead_tokens` returns the configured maximum N for methods that reserve lookahead slots,
     whatever this step's N: vLLM's scheduler passes the constant `num_lookahead_tokens` =
     num_speculative_tokens to every allocate_slots call (methods.yaml [sched]).
     """
 
-    def __init__(self, method: DraftMethod, draft_cost: DraftCost, acceptance: Any, policy: SpeculationPolicy,
-                 num_speculative_tokens: int):
+    def __init__(self, method: DraftMethod, draft_cost: DraftCost, acceptance: AcceptanceModel,
+                 policy: SpeculationPolicy, num_speculative_tokens: int):
         self.method = method
         self.draft_cost = draft_cost
         self.acceptance = acceptance
         self.policy = policy
         self.num_speculative_tokens = int(num_speculative_tokens)
         self._last_mean_context = 0.0
-        self._stateless_acceptance: bool | None = None
 
     @property
     def weight_bytes(self) -> float:
@@ -108,11 +106,7 @@ class SpeculativeDecoding:
     def supports_runs(self) -> bool:
         """Decode runs can be fast-forwarded when acceptance keeps no per-request state (sampling
         several steps ahead then costs nothing in fidelity)."""
-        if self._stateless_acceptance is None:   # asked before every engine step: answered once
-            from capacity.spec.acceptance import _Stateless
-
-            self._stateless_acceptance = isinstance(self.acceptance, _Stateless)
-        return self._stateless_acceptance
+        return self.acceptance.supports_runs
 
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         return np.asarray(self.acceptance.sample_steps(ids, num_spec, num_steps, rng), dtype=np.int64)

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import numpy as np
 
 from capacity.errors import CapacityError
 from capacity.inputs.models import ModelArch
 from capacity.spec.methods import DraftMethod, check_num_speculative_tokens, check_pairing, get_method
-from capacity.cost.step_cost import StepCostModel, StepFeatures, fast_maximum, int_sum
+from capacity.cost.step_cost import AttentionTables, StepCostModel, StepFeatures, fast_maximum, int_sum
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
@@ -153,6 +153,17 @@ class _Piece:
 ArrayLike = float | int | np.ndarray
 
 
+@dataclass(frozen=True)
+class PriceMemos:
+    """A DraftCost's exact price memos (`DraftCost.price_memos`): the `steps_time_s` blocks, the
+    linear-layer prices per piece and shape, and the AttentionTables of each piece, in piece order.
+    Their keys and values depend only on the DraftCost's inputs."""
+
+    steps: dict[tuple[int, float, int], dict[int, np.ndarray]]
+    linear: dict[tuple[str, float, float, float], float]
+    tables: tuple[AttentionTables, ...]
+
+
 class DraftCost:
     """Prices the drafter's work in one engine step with the same roofline as the target
     (StepCostModel on the draft architecture, same GPU and TP). See the module docstring for the
@@ -163,6 +174,10 @@ class DraftCost:
     _MEMO_BLOCK_PER_SEQ = 512   # context sums per block, per sequence ...
     _MEMO_MAX_BLOCK = 4096      # ... up to this many
     _MEMO_MAX_SEQS = 32         # larger batches are priced directly
+
+    MEMO_ATTRIBUTES: ClassVar[frozenset[str]] = frozenset({"_steps_memo", "_linear_memo"})
+    """The instance attributes that hold price memos: caches derived from the inputs, not inputs
+    (a fingerprint of the inputs leaves them out; each piece's StepCostModel.tables likewise)."""
 
     def __init__(self, method: DraftMethod | str, gpu: GpuProfile, target: ModelArch, draft: ModelArch | None,
                  tensor_parallel_size: int, num_speculative_tokens: int, overrides: dict[str, Any] | None = None):
@@ -182,7 +197,7 @@ class DraftCost:
         extra = float(m.cost.get("extra_first_pass_tokens_per_seq", 0))
         self._extra_first_pass_tokens = int(extra) if extra.is_integer() else extra
         self._queries_per_seq_offset = float(m.cost.get("queries_per_seq_offset", 0))
-        # (shared by simulate.deploy between DraftCosts with equal inputs: keys and values must depend
+        # (shared between DraftCosts with equal inputs, see price_memos: keys and values must depend
         # on the inputs only)
         self._steps_memo: dict[tuple[int, float, int], dict[int, np.ndarray]] = {}
         self._linear_memo: dict[tuple[str, float, float, float], float] = {}   # keyed by piece name
@@ -253,6 +268,22 @@ class DraftCost:
 
     def _piece(self, arch: ModelArch) -> _Piece:
         return _Piece(arch, StepCostModel(self.gpu, arch, self.tp))
+
+    def _pieces(self) -> list[_Piece]:
+        return [p for p in (self._first, self._later, self._head, self._context, self._markov) if p is not None]
+
+    def price_memos(self) -> PriceMemos:
+        """This DraftCost's price memos, to share with a DraftCost built from equal inputs
+        (`adopt_price_memos`): every later price either fills or reads the same shared tables."""
+        return PriceMemos(self._steps_memo, self._linear_memo, tuple(p.cost.tables for p in self._pieces()))
+
+    def adopt_price_memos(self, memos: PriceMemos) -> None:
+        """Price from now on with `memos`, the `price_memos()` of a DraftCost with the same inputs
+        (e.g. an equal fingerprint of its attributes outside MEMO_ATTRIBUTES and the pieces' tables):
+        its entries hold the bits this DraftCost would compute. Adopting its own memos changes nothing."""
+        self._steps_memo, self._linear_memo = memos.steps, memos.linear
+        for piece, tables in zip(self._pieces(), memos.tables):   # equal inputs: the same pieces, in order
+            piece.cost.tables = tables
 
     def extra_kv_cache_bytes(self, context_tokens: ArrayLike) -> np.ndarray:
         """Drafter cache bytes per sequence at each context length (sliding layers capped at their window)."""

@@ -1,10 +1,11 @@
 """The engine's view of speculative decoding: how many tokens to draft, what drafting costs,
-how many drafts survive verification.
+how many drafts survive verification, and what the drafter holds in memory.
 
-The engine only talks to this interface; drafting methods, acceptance models and policies
-implement it (see capacity/spec_decode/ when present). `NoSpeculation` is plain decoding: it
-drafts nothing and draws no random numbers, so a run with speculation off is byte-identical to
-one with N = 0.
+The engine (capacity/sim/engine.py), the deployment (capacity/sim/simulate.py) and the studies only
+talk to this interface; `capacity.spec.decoding.SpeculativeDecoding` implements it from a method,
+a `DraftCost`, an acceptance model and a policy. `NoSpeculation` is plain decoding: it drafts
+nothing, holds nothing and draws no random numbers, so a run with speculation off is byte-identical
+to one with N = 0.
 """
 
 from __future__ import annotations
@@ -14,11 +15,35 @@ from typing import Protocol
 import numpy as np
 
 from capacity.cost.step_cost import StepTime
+from capacity.spec.acceptance import AcceptanceModel
+from capacity.spec.draft_cost import ArrayLike, DraftCost
+from capacity.spec.methods import DraftMethod
 
 
 class Speculation(Protocol):
-    supports_runs: bool   # decode runs may be fast-forwarded (acceptance has no per-request state)
+    # what is configured (None / 0 for plain decoding)
+    method: DraftMethod | None              # the drafting method
+    num_speculative_tokens: int             # the configured maximum N per request and step
+    draft_cost: DraftCost | None            # prices the drafter's work
+    acceptance: AcceptanceModel | None      # how many drafts survive verification
 
+    @property
+    def supports_runs(self) -> bool:
+        """Decode runs may be fast-forwarded (the acceptance model keeps no per-request state)."""
+
+    # memory the drafter takes from the KV budget
+    @property
+    def weight_bytes(self) -> float:
+        """Draft weights held in HBM, all TP ranks together."""
+
+    @property
+    def extra_kv_bytes_per_token(self) -> float:
+        """Drafter KV cache per context token, all TP ranks (full-attention layers)."""
+
+    def extra_kv_cache_bytes(self, context_tokens: ArrayLike) -> np.ndarray:
+        """Drafter cache bytes per sequence (all TP ranks) at each context length, sliding layers capped."""
+
+    # per engine step
     def num_spec_tokens(self, batch_size: int, mean_context: float | None = None) -> int:
         """Draft tokens per decoding request for this step (the policy may depend on load)."""
 
@@ -32,6 +57,7 @@ class Speculation(Protocol):
     def sample_accepted(self, ids: np.ndarray, num_spec: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Accepted drafts per request (0..num_spec[i]), left to right."""
 
+    # per decode run (only when supports_runs)
     def sample_steps(self, ids: np.ndarray, num_spec: int, num_steps: int, rng: np.random.Generator) -> np.ndarray:
         """Accepted drafts for `num_steps` consecutive steps of the same requests (steps × requests)."""
 
@@ -46,6 +72,10 @@ class Speculation(Protocol):
 class NoSpeculation:
     """Plain autoregressive decoding."""
 
+    method = None
+    num_speculative_tokens = 0
+    draft_cost = None
+    acceptance = None
     supports_runs = True
     weight_bytes = 0.0
     extra_kv_bytes_per_token = 0.0

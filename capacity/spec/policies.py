@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
+from capacity.cost.interface import StepCost
+from capacity.cost.step_cost import StepFeatures
 from capacity.errors import CapacityError
-
-if TYPE_CHECKING:
-    from capacity.cost.step_cost import StepCostModel
 
 POLICY_KINDS = ("static", "off_above", "goodput")
 
@@ -159,13 +158,12 @@ class GoodputPolicy:
         return f"goodput-optimal N in 0..{self.max_n} per (batch, context) bucket"
 
 
-def decode_step_time(target_cost: StepCostModel, draft_cost: Any | None) -> Callable[[int, float, int], float]:
+def decode_step_time(target_cost: StepCost, draft_cost: Any | None) -> Callable[[int, float, int], float]:
     """Time of a decode step of B requests at mean context c verifying n drafts each: the target
     forward over B·(n + 1) tokens (context c + n + 1 at its end) with overheads, plus the drafter
     (`draft_cost.time_s`, any object with that method) for the same step. B may be an array of batch
     sizes (one time each, priced in one vectorised call)."""
     model = target_cost.model
-    from capacity.cost.step_cost import StepFeatures
 
     def step(batch: int | np.ndarray, context: float, n: int) -> float | np.ndarray:
         q = n + 1
@@ -190,7 +188,7 @@ _KEYS = {
 }
 
 
-def policy_from_config(cfg: Mapping[str, Any] | None, N: int, *, target_cost: StepCostModel | None = None,
+def policy_from_config(cfg: Mapping[str, Any] | None, N: int, *, target_cost: StepCost | None = None,
                        draft_cost: Any | None = None, acceptance: _Acceptance | None = None,
                        step_time_s: Callable[[int, float, int], float] | None = None) -> SpeculationPolicy:
     """A policy from `speculative.policy` (None = static). goodput needs the acceptance model and
