@@ -134,8 +134,8 @@ def speculation_by_batch(res) -> dict[str, Any] | None:
     (`policies.break_even` at the run's step-weighted mean decode context), the expected one-step
     speedup at one request and at the run's mean batch, and the best N there."""
     spec = res.deployed.speculation
-    n = int(getattr(spec, "num_speculative_tokens", 0) or 0)
-    if n <= 0 or getattr(spec, "acceptance", None) is None:
+    n = spec.num_speculative_tokens
+    if n <= 0 or spec.acceptance is None:
         return None
     req = res.requests
     out_tok = req["output_tokens"].to_numpy(dtype=float)

@@ -151,7 +151,7 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
     dep = simulate.deploy(sc)
     cost, spec, m = dep.cost, dep.speculation, dep.model
     k = sc.speculative.num_speculative_tokens if sc.speculative.method != "none" else 0
-    acc = getattr(spec, "acceptance", None)
+    acc = spec.acceptance
     tau = float(acc.expected_tokens(k)) if (acc is not None and k) else 1.0
     budget = float(sc.engine.max_num_batched_tokens)
     kv_tokens = dep.memory["kv_cache_tokens"]
@@ -209,7 +209,7 @@ def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str,
     except CapacityError as e:
         return {"error": str(e)}
     m = res.metrics
-    acceptance = getattr(res.deployed.speculation, "acceptance", None)
+    acceptance = res.deployed.speculation.acceptance
     return {"ok": bool(m.get("slo_met")) and res.stable, "stable": res.stable, "metrics": m,
             "payload": summary.simulation_payload(res), "requests": res.requests,
             "acceptance_basis": getattr(acceptance, "provenance", None),
