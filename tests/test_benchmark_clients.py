@@ -7,13 +7,15 @@ import pytest
 
 from capacity.fidelity import calibrate
 
-from capacity.fidelity import serving as validate
+from capacity.measurements.clients import v0_engine
+from capacity.measurements.row_scenario import row_scenario
+from capacity.measurements.schemas import read_measurements
 from capacity.paths import data_dir
 
 
 @pytest.fixture(scope="module")
 def rows() -> pd.DataFrame:
-    return validate.read_measurements(data_dir() / "measurements" / "serving_vllm.csv")
+    return read_measurements(data_dir() / "measurements" / "serving_vllm.csv")
 
 
 def _first(rows: pd.DataFrame, source_id: str, **where) -> dict:
@@ -28,7 +30,7 @@ def test_deep_dive_rows_draw_sglang_random_lengths(rows):
     draws np.random.randint(max(int(isl * 0), 1), isl + 1): prompts uniform in [1, 8192], mean ~4096,
     not 8,192 tokens each."""
     row = _first(rows, "rocm_blog_sd_deepdive_mi300x_2025-03", spec_method="none", concurrency_or_qps="0.2")
-    sc, reason = validate.row_scenario(row, speculative=False)
+    sc, reason = row_scenario(row, speculative=False)
     assert reason is None
     cls = sc["traffic"]["classes"][0]
     assert cls["input_tokens"] == {"dist": "uniform", "low": 1, "high": 8192}
@@ -40,7 +42,7 @@ def test_deep_dive_rows_draw_sglang_random_lengths(rows):
 
 def test_inferencex_rows_keep_the_range_ratio_0_8(rows):
     row = _first(rows, "inferencex_api_snapshot_2026-05-09", gpu="MI300X", spec_method="none", isl="8192.0", osl="1024.0")
-    sc, _ = validate.row_scenario(row, speculative=False)
+    sc, _ = row_scenario(row, speculative=False)
     cls = sc["traffic"]["classes"][0]
     assert cls["input_tokens"] == {"dist": "uniform", "low": round(0.8 * 8192), "high": 8192}
     assert cls["output_tokens"] == {"dist": "uniform", "low": round(0.8 * 1024), "high": 1024}
@@ -50,12 +52,12 @@ def test_inferencex_rows_keep_the_range_ratio_0_8(rows):
                                          ("vllm/vllm-openai:v0.20.0-cu130", False), ("", False),
                                          ("0.0.0-simulated", False)])
 def test_v0_engine_versions(version, v0):
-    assert validate.v0_engine({"framework_version": version}) is v0
+    assert v0_engine({"framework_version": version}) is v0
 
 
 def test_v0_engine_rows_are_not_fitted(rows):
     deep = _first(rows, "rocm_blog_sd_deepdive_mi300x_2025-03", spec_method="none", concurrency_or_qps="0.2")
-    assert validate.row_scenario(deep, speculative=False)[1] is None          # still validated
+    assert row_scenario(deep, speculative=False)[1] is None          # still validated
     assert calibrate.fit_exclusion(deep) == calibrate.V0_NOT_FITTED
     ix = _first(rows, "inferencex_api_snapshot_2026-05-09", gpu="MI300X", spec_method="none")
     assert calibrate.fit_exclusion(ix) is None

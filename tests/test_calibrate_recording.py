@@ -22,6 +22,8 @@ from capacity.inputs import scenario as scenario_mod
 from capacity.sim import simulate
 
 from capacity.fidelity import serving as validate
+from capacity.fidelity.common import error_table
+from capacity.measurements.row_scenario import PROMPTS_PER_USER, row_scenario, row_stream
 from capacity.inputs.hardware import load_gpu, save_profile
 
 MODEL = "meta-llama/Llama-3.1-8B"
@@ -77,9 +79,9 @@ def test_a_row_is_recorded_on_the_given_profile_file(result_files, far_profile):
     # re-priced at the file's values = the scenario simulated on that file (the shipped profile has 66.8 ms)
     profile = load_gpu(far_profile)
     pred = calibrate.Repricer(rec, profile).predict(profile.efficiency)
-    sc = validate.row_scenario(row)[0]
+    sc = row_scenario(row)[0]
     sc["deployment"]["gpu"] = far_profile
-    m = simulate.run(scenario_mod.from_dict(sc), stream=validate.row_stream(row, sc)).metrics
+    m = simulate.run(scenario_mod.from_dict(sc), stream=row_stream(row, sc)).metrics
     assert pred["predicted_ttft_ms"] == pytest.approx(m["ttft_ms"]["p50"], rel=1e-9)
     assert pred["predicted_output_tok_s_per_gpu"] == pytest.approx(m["output_throughput_tok_s_per_gpu"], rel=1e-9)
 
@@ -93,12 +95,12 @@ def test_reported_errors_are_those_of_a_full_simulation_at_the_fitted_values(res
     assert abs(fitted["request_overhead_ms"] - 80.0) > 5.0      # the fit did leave the recording point
     sims = []
     for row in _rows(result_files):
-        sc = validate.row_scenario(row)[0]
+        sc = row_scenario(row)[0]
         sc["deployment"]["gpu"] = far_profile
         sc["deployment"]["gpu_overrides"] = {"efficiency": fitted}
-        m = simulate.run(scenario_mod.from_dict(sc), stream=validate.row_stream(row, sc)).metrics
+        m = simulate.run(scenario_mod.from_dict(sc), stream=row_stream(row, sc)).metrics
         sims.append({**row, **validate.prediction_from_metrics(m, row)})
-    expected = {g["metric"]: g for g in validate.error_table(pd.DataFrame(sims), [])}
+    expected = {g["metric"]: g for g in error_table(pd.DataFrame(sims), [])}
     reported = {g["metric"]: g for g in res.train_errors if g["model"] == "all"}
     for metric in ("ttft_ms", "tpot_ms", "output_tok_s_per_gpu"):
         assert reported[metric]["median_ape"] == pytest.approx(expected[metric]["median_ape"], rel=1e-9, abs=1e-12), metric
@@ -111,7 +113,7 @@ def test_a_row_that_cannot_be_re_recorded_keeps_its_schedule_and_is_reported(res
     real = calibrate.record_row
     calls = {"n": 0}
 
-    def flaky(row, prompts_per_user=validate.PROMPTS_PER_USER, efficiency=None, gpu=None):
+    def flaky(row, prompts_per_user=PROMPTS_PER_USER, efficiency=None, gpu=None):
         if efficiency is not None and int(float(row["concurrency_or_qps"])) == 32:
             calls["n"] += 1
             return "the simulation did not finish every request"
@@ -166,11 +168,11 @@ def test_the_kept_fit_is_the_round_with_the_lowest_simulated_cost(result_files, 
     for eff in fits:
         logs = []
         for row in rows:
-            sc = validate.row_scenario(row)[0]
+            sc = row_scenario(row)[0]
             sc["deployment"]["gpu"] = far_profile
             sc["deployment"]["gpu_overrides"] = {"efficiency": eff}
             pred = validate.prediction_from_metrics(
-                simulate.run(scenario_mod.from_dict(sc), stream=validate.row_stream(row, sc)).metrics, row)
+                simulate.run(scenario_mod.from_dict(sc), stream=row_stream(row, sc)).metrics, row)
             logs += [np.log(pred[f"predicted_{m}"] / float(row[m])) for m in calibrate.FIT_METRICS]
         costs.append(_soft_l1_cost(np.asarray(logs)))
     assert res.round_costs == pytest.approx(costs, rel=1e-9)

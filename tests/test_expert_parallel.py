@@ -97,7 +97,7 @@ def test_scenario_rejects_expert_parallel_on_a_dense_model() -> None:
 
 
 def test_validation_rows_with_ep_equal_to_tp_are_modelled() -> None:
-    from capacity.fidelity.serving import row_scenario
+    from capacity.measurements.row_scenario import row_scenario
 
     row = {"framework": "vllm", "gpu": "MI355X", "model": "MiniMax-M2.5", "precision": "fp8", "tp": 4, "ep": 4,
            "isl": 1024, "osl": 1024, "concurrency_or_qps": 8, "load_type": "closed_loop_concurrency",

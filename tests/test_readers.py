@@ -14,7 +14,7 @@ import pytest
 
 from capacity.measurements import readers
 
-from capacity.fidelity import serving as validate
+from capacity.measurements import row_scenario as validate
 from capacity.spec.acceptance import acceptance_from_config
 from capacity.cli import main
 from capacity.errors import CapacityError

@@ -85,11 +85,13 @@ def test_dense_target_has_no_snapshot_term() -> None:
 def test_engine_records_verifying_sequences() -> None:
     """A simulated speculative run records verify_seqs = the batch in its verification steps."""
     from capacity.fidelity import speedups as v
+    from capacity.fidelity.common import simulate_scenario
+    from capacity.measurements.row_scenario import speculative_config
 
     row = {"target": "Qwen/Qwen3.5-27B", "method": "Native MTP", "draft_checkpoint": "(built-in MTP module)",
            "num_speculative_tokens": 2, "per_position_acceptance": "0.9 0.8"}
     dep = v.Deployment("Qwen/Qwen3.5-27B", "MI300X", 2, None, None, None)
-    res = v.simulate_scenario(v.scenario_dict(dep, 4, 4, v.speculative_config(row)))
+    res = simulate_scenario(v.scenario_dict(dep, 4, 4, speculative_config(row)))
     f = np.asarray(res.cluster.replicas[0].recorder.features, dtype=float)
     assert f.shape[1] == 6
     verifying = f[:, 2] > f[:, 1]

@@ -8,7 +8,8 @@ from __future__ import annotations
 import yaml
 
 from capacity.inputs.hardware import hw_profiles_dir
-from capacity.fidelity.serving import predict_row, row_scenario
+from capacity.fidelity.serving import predict_row
+from capacity.measurements.row_scenario import row_scenario
 
 ROW = {"framework": "vllm", "gpu": "MI300X", "model": "Llama-3.3-70B-Instruct (FP8 ckpt family)", "precision": "fp8",
        "tp": 1, "isl": 256, "osl": 32, "concurrency_or_qps": 2, "load_type": "closed_loop_concurrency",

@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from capacity.fidelity import common
 from capacity.fidelity import speedups as vs
+from capacity.measurements import schemas
 from capacity.util import jsonio
 from capacity.fidelity import spec_serving as serving
 from capacity.errors import CapacityError
@@ -19,48 +21,48 @@ SEED = vs.default_spec_files()[0]
 
 @pytest.fixture(scope="module")
 def seed_rows() -> pd.DataFrame:
-    return vs.read_spec_measurements(SEED)
+    return schemas.read_spec_measurements(SEED)
 
 
 # ------------------------------------------------------------------------------------------- schema
 def test_seed_file_reads_with_the_schema(seed_rows):
     assert len(seed_rows) == 292
-    assert all(c in seed_rows.columns for c in vs.SPEC_REQUIRED)
+    assert all(c in seed_rows.columns for c in schemas.SPEC_REQUIRED)
     assert seed_rows["num_speculative_tokens"].dtype.kind in "if"
-    assert vs.is_spec_file(SEED)
-    assert not vs.is_spec_file(vs.default_serving_file())
+    assert schemas.is_spec_file(SEED)
+    assert not schemas.is_spec_file(schemas.default_serving_file())
 
 
 def test_missing_columns_name_the_file_and_the_columns(tmp_path):
     bad = tmp_path / "mine.csv"
     bad.write_text("target,method,gpu\nQwen/Qwen3-8B,EAGLE-3,MI300X\n")
     with pytest.raises(CapacityError) as e:
-        vs.read_spec_measurements(bad)
+        schemas.read_spec_measurements(bad)
     msg = str(e.value)
     assert "mine.csv" in msg and "draft_checkpoint" in msg and "speedup" in msg and "\n" not in msg
 
 
 def test_missing_and_unreadable_files_are_one_line(tmp_path):
     with pytest.raises(CapacityError, match="not found"):
-        vs.read_spec_measurements(tmp_path / "nope.csv")
+        schemas.read_spec_measurements(tmp_path / "nope.csv")
     binary = tmp_path / "bin.csv"
     binary.write_bytes(b"\x00\x01\x02\xff\xfe")
     with pytest.raises(CapacityError) as e:
-        vs.read_spec_measurements(binary)
+        schemas.read_spec_measurements(binary)
     assert "\n" not in str(e.value)
 
 
 def test_labels_and_rates_parse():
-    assert vs.method_name("Native MTP") == "mtp"
-    assert vs.method_name("Gemma 4 MTP") == "gemma4_mtp"
-    assert vs.method_name("EAGLE-3") == "eagle3"
-    assert vs.method_name("DFlash") == "dflash" and vs.method_name("DSpark") == "dspark"
+    assert schemas.method_name("Native MTP") == "mtp"
+    assert schemas.method_name("Gemma 4 MTP") == "gemma4_mtp"
+    assert schemas.method_name("EAGLE-3") == "eagle3"
+    assert schemas.method_name("DFlash") == "dflash" and schemas.method_name("DSpark") == "dspark"
     with pytest.raises(CapacityError, match="unknown method"):
-        vs.method_name("Medusa-9")
-    assert vs.marginal_rates("0.9 0.8 0.7") == [0.9, 0.8, 0.7]
+        schemas.method_name("Medusa-9")
+    assert schemas.marginal_rates("0.9 0.8 0.7") == [0.9, 0.8, 0.7]
     with pytest.raises(CapacityError):
-        vs.marginal_rates("0.9 x")
-    assert vs.marginal_rates("0.9;0.7") == vs.marginal_rates("0.9, 0.7") == vs.marginal_rates("0.9 0.7") == [0.9, 0.7]
+        schemas.marginal_rates("0.9 x")
+    assert schemas.marginal_rates("0.9;0.7") == schemas.marginal_rates("0.9, 0.7") == schemas.marginal_rates("0.9 0.7") == [0.9, 0.7]
 
 
 # --------------------------------------------------------------------------------------- load model
@@ -167,11 +169,11 @@ def test_repricing_equals_a_full_simulation_with_the_override(method, draft, n):
     base = vs._throughput(vs.scenario_dict(dep, c, 4))
     ld = vs.LoadInference(dep, base, c, base, (c, c), (base, base), vs.num_prompts(c, 4), 0)
     rec = vs.run_row(row, ld, 4)
-    direct = vs.run_row(row, ld, 4, overrides={vs.FITTED_PARAMETER: 2500.0})
+    direct = vs.run_row(row, ld, 4, overrides={common.FITTED_PARAMETER: 2500.0})
     assert rec.throughput(2500.0) == pytest.approx(direct.throughput(), rel=1e-9)
-    assert rec.overhead_count == rec.drafting_steps * vs.overhead_units(vs.method_name(method), n)
+    assert rec.overhead_count == rec.drafting_steps * vs.overhead_units(schemas.method_name(method), n)
     # the per-sequence host cost of speculative steps re-prices exactly too (hardware-profile override)
-    dep2 = dataclasses.replace(dep, gpu_overrides={"efficiency": {"request_overhead_ms": 0.0, vs.SEQ_KEY: 900.0}})
+    dep2 = dataclasses.replace(dep, gpu_overrides={"efficiency": {"request_overhead_ms": 0.0, common.SEQ_KEY: 900.0}})
     ld2 = dataclasses.replace(ld, deployment=dep2)
     direct2 = vs.run_row(row, ld2, 4)
     assert rec.verify_seq_count > rec.drafting_steps
@@ -227,8 +229,8 @@ def test_fit_recovers_known_overheads():
     per-GPU costs per verified draft token (synthetic RowRuns on two GPUs): the fit returns them."""
     rng = np.random.default_rng(0)
     runs, methods = [], []
-    truth = {"eagle3": 700.0, "dflash": 1500.0, vs.seq_key("MI300X"): 400.0, vs.seq_key("MI355X"): 120.0,
-             vs.tok_key("MI300X"): 30.0, vs.tok_key("MI355X"): 45.0}
+    truth = {"eagle3": 700.0, "dflash": 1500.0, common.seq_key("MI300X"): 400.0, common.seq_key("MI355X"): 120.0,
+             common.tok_key("MI300X"): 30.0, common.tok_key("MI355X"): 45.0}
     for i in range(24):
         m = "eagle3" if i % 2 else "dflash"
         runs.append(vs.RowRun(duration_s=10.0 + rng.random(), overhead_us=100.0, overhead_count=1000.0 * (1 + i % 5),
@@ -245,17 +247,17 @@ def test_fit_recovers_known_overheads():
 
 def test_fold_fallbacks_never_use_the_left_out_value():
     """A method or GPU the fold has no rows for takes the fold's same-kind methods / other GPUs."""
-    fit = {"dflash": 1000.0, "eagle3": 300.0, "mtp": 500.0, vs.seq_key("MI300X"): 450.0, vs.tok_key("MI300X"): 30.0}
+    fit = {"dflash": 1000.0, "eagle3": 300.0, "mtp": 500.0, common.seq_key("MI300X"): 450.0, common.tok_key("MI300X"): 30.0}
     out = vs.fold_fallbacks(fit, ["dflash", "dspark", "eagle3", "mtp", "gemma4_mtp"], ["MI300X", "MI355X"])
     assert out["dspark"] == 1000.0                       # block drafter: DFlash's backbone
     assert out["gemma4_mtp"] == pytest.approx(400.0)     # sequential: mean of EAGLE-3 and MTP
-    assert out[vs.seq_key("MI355X")] == 450.0
-    assert out[vs.tok_key("MI355X")] == 30.0
+    assert out[common.seq_key("MI355X")] == 450.0
+    assert out[common.tok_key("MI355X")] == 30.0
 
 
 # ------------------------------------------------------------------------------------ serving rows
 def test_serving_rows_are_planned_with_reasons():
-    df = pd.read_csv(vs.default_serving_file(), dtype=str, keep_default_na=False)
+    df = pd.read_csv(schemas.default_serving_file(), dtype=str, keep_default_na=False)
     df = df[df.source_id.str.startswith("rocm_blog")].reset_index(drop=True)
     cases = serving.plan_serving_rows(df)
     assert len(cases) == len(df)

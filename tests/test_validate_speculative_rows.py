@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 
 from capacity.fidelity import serving as validate
+from capacity.measurements.row_scenario import SPEC_NOT_FITTED, SPEC_WITHOUT_ACCEPTANCE, row_scenario
+from capacity.measurements.schemas import read_measurements
 from capacity.spec.acceptance import iid_alpha_for_length
 from capacity.errors import CapacityError
 
@@ -36,19 +38,19 @@ def _row(**kw) -> dict:
 
 
 def test_a_row_with_its_acceptance_is_simulated_with_it():
-    sc, reason = validate.row_scenario(_row())
+    sc, reason = row_scenario(_row())
     assert reason is None
     spec = sc["speculative"]
     a, n = spec["acceptance"]["alpha"], spec["num_speculative_tokens"]
     assert (spec["method"], n) == ("eagle3", 3)
     assert (1 - a ** (n + 1)) / (1 - a) == pytest.approx(2.5, abs=1e-4)
-    assert "speculative" not in validate.row_scenario(_row(spec_method="none"))[0]
+    assert "speculative" not in row_scenario(_row(spec_method="none"))[0]
 
 
 def test_a_row_without_acceptance_or_in_calibration_is_skipped_with_the_reason():
-    assert validate.row_scenario(_row(acceptance_length=""))[1] == validate.SPEC_WITHOUT_ACCEPTANCE
-    assert validate.row_scenario(_row(), speculative=False)[1] == validate.SPEC_NOT_FITTED
-    assert "impossible" in validate.row_scenario(_row(acceptance_length="9"))[1]
+    assert row_scenario(_row(acceptance_length=""))[1] == SPEC_WITHOUT_ACCEPTANCE
+    assert row_scenario(_row(), speculative=False)[1] == SPEC_NOT_FITTED
+    assert "impossible" in row_scenario(_row(acceptance_length="9"))[1]
 
 
 def test_a_stated_acceptance_changes_the_prediction_the_way_it_should():
@@ -61,7 +63,7 @@ def test_a_stated_acceptance_changes_the_prediction_the_way_it_should():
 
 @pytest.fixture(scope="module")
 def dflash_blog_rows() -> pd.DataFrame:
-    rows = validate.read_measurements(validate.default_files()[0])
+    rows = read_measurements(validate.default_files()[0])
     return rows[rows.source_id == "rocm_blog_dflash_mi355x_2026-09"]
 
 

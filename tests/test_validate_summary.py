@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from capacity.fidelity.serving import LOAD_NOT_STATED, NOTHING_TO_PREDICT, ValidationReport, summarize
+from capacity.fidelity.serving import ValidationReport, summarize
+from capacity.measurements.row_scenario import LOAD_NOT_STATED, NOTHING_TO_PREDICT
 
 
 def test_coverage_counts_uncomparable_rows_apart() -> None:

@@ -32,22 +32,30 @@ from __future__ import annotations
 
 import json
 import math
-import os
-from concurrent.futures import ProcessPoolExecutor
+import re
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
+import yaml
 from scipy.optimize import least_squares
 
-from capacity.fidelity import serving as validate
-from capacity.errors import CapacityError
-from capacity.inputs.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
-from capacity.util.progress import Progress
 from capacity.cost.step_cost import StepCostModel, StepFeatures
+from capacity.errors import CapacityError
+from capacity.fidelity.common import error_table, pool_map
+from capacity.fidelity.serving import default_files
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
+from capacity.inputs.models import load_model
+from capacity.measurements import readers
+from capacity.measurements.clients import v0_engine
+from capacity.measurements.row_scenario import PROMPTS_PER_USER, row_scenario, row_stream
+from capacity.measurements.schemas import parse_float
+from capacity.sim import simulate
 
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms")
@@ -111,16 +119,13 @@ class RecordedRow:
     record_eff: dict[str, float]   # efficiency the schedule was recorded with
 
 
-def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER_USER,
+def record_row(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
                efficiency: dict[str, float] | None = None, gpu: str | None = None) -> RecordedRow | str:
     """Simulate a row once and keep its schedule; a string says why it cannot be recorded.
 
     `gpu` (a profile name or YAML path) is the profile simulated, default the shipped profile named by
     the row; `efficiency` overrides its efficiency entries."""
-    from capacity.inputs import scenario as scenario_mod
-    from capacity.sim import simulate
-
-    sc, reason = validate.row_scenario(row, prompts_per_user, speculative=False)
+    sc, reason = row_scenario(row, prompts_per_user, speculative=False)
     if sc is None:
         return reason
     if sc["deployment"]["replicas"] != 1:
@@ -131,7 +136,7 @@ def record_row(row: dict[str, Any], prompts_per_user: int = validate.PROMPTS_PER
         sc["deployment"]["gpu_overrides"] = {"efficiency": dict(efficiency)}
     try:
         scenario = scenario_mod.from_dict(sc, sc["name"])
-        res = simulate.run(scenario, stream=validate.row_stream(row, sc))
+        res = simulate.run(scenario, stream=row_stream(row, sc))
     except CapacityError as e:
         return str(e)
     rep = res.cluster.replicas[0]
@@ -174,8 +179,6 @@ class ClosedLoopEnds:
         self.flat_dispatch = np.asarray([k for ks in self.dispatch for k in ks], dtype=np.int64)
 
     def __call__(self, c: np.ndarray, c_prev: np.ndarray, d: float) -> np.ndarray:
-        from bisect import bisect_right
-
         c_at_dispatch = iter(c[self.flat_dispatch].tolist())
         m_steps: list[int] = []
         m_values: list[float] = []
@@ -200,8 +203,6 @@ class Repricer:
     """Prices a recorded row under any efficiency parameters."""
 
     def __init__(self, rec: RecordedRow, gpu: GpuProfile):
-        from capacity.inputs.models import load_model
-
         d = rec.scenario["deployment"]
         model = load_model(d["model"], weight_precision=d.get("precision"))
         self.rec = rec
@@ -269,26 +270,12 @@ def _record_star(args):
 
 
 def record_rows(rows: pd.DataFrame | list[dict[str, Any]], workers: int = 2, progress: bool = True,
-                prompts_per_user: int = validate.PROMPTS_PER_USER,
+                prompts_per_user: int = PROMPTS_PER_USER,
                 efficiency: dict[str, float] | None = None, gpu: str | None = None) -> list[RecordedRow | str]:
     """`record_row` for each row, in order (a process pool of `workers`)."""
     records = rows.to_dict(orient="records") if isinstance(rows, pd.DataFrame) else list(rows)
     jobs = [(r, prompts_per_user, efficiency, gpu) for r in records]
-    out: list[RecordedRow | str] = []
-    workers = max(1, min(workers, os.cpu_count() or 1, len(jobs) or 1))
-    if workers == 1:
-        it = map(_record_star, jobs)
-    else:
-        pool = ProcessPoolExecutor(max_workers=workers)
-        it = pool.map(_record_star, jobs, chunksize=1)
-    prog = Progress("calibrate", progress)
-    for i, res in enumerate(it):
-        out.append(res)
-        prog.update("simulated rows", i + 1, len(jobs))
-    if workers != 1:
-        pool.shutdown()
-    prog.close()
-    return out
+    return pool_map(_record_star, jobs, workers, progress, "simulated rows", title="calibrate")
 
 
 def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pricers: list[Repricer],
@@ -299,7 +286,7 @@ def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pri
     for p in pricers:
         pred = p.predict(eff)
         for m in metrics:
-            meas = validate._num(p.rec.row.get(m))
+            meas = parse_float(p.rec.row.get(m))
             if meas > 0 and not math.isnan(meas):
                 res.append(math.log(pred[f"predicted_{m}"] / meas))
     return np.asarray(res)
@@ -357,8 +344,6 @@ def prior_efficiencies(profile: GpuProfile) -> dict[str, float]:
     """The pre-calibration anchor of each PRIOR_KEYS efficiency: its value if the profile was never
     fitted (a microbenchmark ratio, or an assumption that says so), else the value its note records
     as 'before calibration' (save_profile keeps it across refits)."""
-    import re
-
     out = {}
     for k in PRIOR_KEYS:
         leaf = profile.provenance.get(f"efficiency.{k}")
@@ -492,7 +477,7 @@ def _repricing_warnings(repriced: list[dict[str, Any]], simulated: list[dict[str
 
 
 def _tables(df: pd.DataFrame) -> list[dict[str, Any]]:
-    return validate.error_table(df, ["model"]) + [{"model": "all", **g} for g in validate.error_table(df, [])]
+    return error_table(df, ["model"]) + [{"model": "all", **g} for g in error_table(df, [])]
 
 
 def _describe_sources(rows: pd.DataFrame, paths: list[Path]) -> str:
@@ -515,10 +500,10 @@ V0_NOT_FITTED = ("vLLM < 0.8 ran the V0 engine (its scheduler is not the one sim
 
 
 def fit_exclusion(row: dict[str, Any]) -> str | None:
-    """Why a serving row does not enter the fit (None: it does): what `validate.row_scenario`
-    cannot model, speculative rows, and V0-engine runs."""
-    reason = validate.row_scenario(row, speculative=False)[1]
-    if reason is None and validate.v0_engine(row):
+    """Why a serving row does not enter the fit (None: it does): what `row_scenario` cannot model,
+    speculative rows, and V0-engine runs."""
+    reason = row_scenario(row, speculative=False)[1]
+    if reason is None and v0_engine(row):
         reason = V0_NOT_FITTED
     return reason
 
@@ -542,46 +527,15 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
     `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
     """
-    from capacity.measurements import readers
-
     profile = load_gpu(gpu)
     if not 0.0 <= holdout < 1.0:
         raise CapacityError(f"--holdout {holdout}: give a fraction in [0, 1), e.g. 0.25")
-    extra = {}
-    for item in sets or []:
-        if "=" not in item:
-            raise CapacityError(f"--set '{item}': expected column=value, e.g. precision=fp8")
-        k, v = item.split("=", 1)
-        extra[k.strip()] = v.strip()
-    paths = [Path(f) for f in files] if files else validate.default_files()
-    meas = readers.load(paths, readers.Overrides(gpu=profile.name, tp=tp, model=model, extra=extra))
-    rows = _filter_gpu(meas.serving, profile, gpu)
-    result_rows = rows.to_dict(orient="records")
-    reasons = [fit_exclusion(r) for r in result_rows]
-    rows = rows[[r is None for r in reasons]]
-    if max_rows:
-        rows = rows.iloc[np.linspace(0, len(rows) - 1, min(max_rows, len(rows))).astype(int)]
+    extra = _column_values(sets)
+    paths = [Path(f) for f in files] if files else default_files()
+    meas, rows, skipped = _read_rows(paths, profile, gpu, readers.Overrides(gpu=profile.name, tp=tp, model=model,
+                                                                            extra=extra), max_rows)
     start = dict(profile.efficiency)
-    skipped: dict[str, int] = {}
-    for reason in reasons:
-        if reason is not None:
-            skipped[reason] = skipped.get(reason, 0) + 1
-
-    stale: dict[str, int] = {}
-
-    def rerecorded(ps: list[Repricer], eff: dict[str, float]) -> list[Repricer]:
-        """The same rows, in the same order, re-recorded at `eff`; a row that cannot be recorded there
-        keeps its earlier schedule (counted in `stale`), so the row set never changes between rounds."""
-        recs = record_rows([p.rec.row for p in ps], workers=workers, progress=progress, efficiency=eff, gpu=gpu)
-        out = []
-        for p, rec in zip(ps, recs):
-            if isinstance(rec, str):
-                stale[rec] = stale.get(rec, 0) + 1
-                out.append(p)
-            else:
-                out.append(Repricer(rec, profile))
-        return out
-
+    recorder = _Recorder(profile, gpu, workers, progress)
     acceptance = [{**r.to_json(), "config": readers.acceptance_config(r)} for r in meas.acceptance]
     result = CalibrationResult(gpu=profile.name, fitted=dict(start), start=start, rows_used=0, skipped=skipped,
                                train_errors=[], acceptance=acceptance)
@@ -591,19 +545,9 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
                                 f"({'; '.join(skipped) or 'none given'})")
         _write_acceptance(result, meas.acceptance, out)
         return result
-    # recorded on the profile being calibrated (a YAML path too), not the shipped one of the row's GPU name
-    pricers = []
-    for rec in record_rows(rows, workers=workers, progress=progress, gpu=gpu):
-        if isinstance(rec, str):
-            skipped[rec] = skipped.get(rec, 0) + 1
-        else:
-            pricers.append(Repricer(rec, profile))
-    if not pricers:
-        raise CapacityError(f"no serving rows for GPU {profile.name} could be simulated ({'; '.join(skipped)})")
-    rng = np.random.default_rng(seed)
-    held = set(rng.choice(len(pricers), int(round(holdout * len(pricers))), replace=False).tolist()) if holdout else set()
-    split = lambda ps: ([p for i, p in enumerate(ps) if i not in held], [p for i, p in enumerate(ps) if i in held])  # noqa: E731
-    train, test = split(pricers)
+    pricers = recorder.first(rows, skipped)
+    split = _holdout_split(len(pricers), holdout, seed)
+    train, _ = split(pricers)
     if not train:
         raise CapacityError("--holdout leaves no rows to fit on; lower it")
     if keys is None:
@@ -612,55 +556,16 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         not_fitted = {k: "held fixed by the caller" for k in FITTED_KEYS if k not in keys}
     if rounds is None:
         rounds = 2 if (start["request_overhead_ms"] > 0 or any(p.rec.open_loop for p in pricers)) else 1
-    info: dict[str, Any] = {}
     prior = prior_efficiencies(profile)
     fit_kw = {"prior": prior, "prior_weight": prior_weight}
-    # Every round's fit is checked by re-recording the rows at it (a full simulation, exact), and the
-    # fit with the lowest simulated cost is kept: re-pricing misjudges the request delay away from its
-    # recording point (lowering it keeps each request in the late step it joined), so the rounds can
-    # swing between two delays (MI300X prior refit: 24 -> 66 ms) and the last one need not be best.
-    fitted = fit(train, start, keys, info=info, **fit_kw)
-    candidates = []           # (simulated cost, fit, schedules it was fitted on, schedules recorded at it)
-    for i in range(rounds):
-        fitted_on_pricers = pricers
-        pricers = rerecorded(pricers, fitted)     # re-record at the fitted values (same rows, same order)
-        train, test = split(pricers)
-        candidates.append((simulated_cost(train, fitted, keys, **fit_kw), fitted, fitted_on_pricers, pricers))
-        if i < rounds - 1:
-            fitted = fit(train, fitted, keys, info=info, **fit_kw)
-    _, fitted, fitted_on_pricers, pricers = min(candidates, key=lambda c: c[0])
-    result.round_costs = [c[0] for c in candidates]
-    kept = result.round_costs.index(min(result.round_costs))
-    if kept < len(candidates) - 1:
-        result.warnings.append(f"kept round {kept + 1}'s fit: simulated cost {result.round_costs[kept]:.4g} against "
-                               f"{', '.join(f'{c:.4g}' for c in result.round_costs)} by round (the request delay swings "
-                               f"between rounds)")
-    result.fitted, result.rows_used = fitted, len(train)
+    fitted, fitted_on_pricers, pricers, info = _fit_in_rounds(result, pricers, split, start, keys, rounds, fit_kw,
+                                                              recorder)
+    result.fitted, result.rows_used = fitted, len(split(pricers)[0])
     result.fitted_keys, result.not_fitted = tuple(keys), not_fitted
-    # Re-pricing is exact only at the recording point, so the reported errors come from the schedules
-    # re-recorded at the kept fit, i.e. what `capacity validate` simulates with it.
-    result.repriced_train_errors = _tables(predictions(split(fitted_on_pricers)[0], fitted))
-    train, test = split(pricers)
-    result.train_errors = _tables(predictions(train, fitted))
-    result.warnings.extend(_repricing_warnings(result.repriced_train_errors, result.train_errors))
-    if not info.get("converged", True):
-        result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
-    for k in info.get("at_bound", []):
-        result.warnings.append(f"{k} landed on its bound {BOUNDS[k][1]:g} (would exceed 1 = peak): the runs are "
-                               f"faster than the model allows; check the GPU, TP, precision and model of the runs")
-    if test:
-        result.holdout_errors = _tables(predictions(test, fitted))
+    train = _report_errors(result, fitted, fitted_on_pricers, pricers, split, info)
     if cross_validate:
-        models = sorted({p.rec.row["model"] for p in train})
-        if len(models) > 1:
-            oof = []
-            for m in models:
-                fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys, **fit_kw)
-                result.lomo_fits[m] = fold_fit
-                # the left-out model simulated at the fold's fit (re-recorded), not re-priced far from it
-                oof.append(predictions(rerecorded([p for p in train if p.rec.row["model"] == m], fold_fit), fold_fit))
-            result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
-    for reason, n in stale.items():
+        _leave_one_model_out(result, train, fitted, keys, fit_kw, recorder)
+    for reason, n in recorder.stale.items():
         result.warnings.append(f"{n} re-recordings failed ({reason}); those rows kept their earlier schedule, "
                                f"so their errors are re-priced, not simulated")
     train_rows = pd.DataFrame([p.rec.row for p in train])
@@ -675,14 +580,147 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     return result
 
 
+# ---------------------------------------------------------------------------------------- run's steps
+
+def _column_values(sets: list[str] | None) -> dict[str, str]:
+    """--set column=value items as a mapping (the row columns vLLM result files do not state)."""
+    extra = {}
+    for item in sets or []:
+        if "=" not in item:
+            raise CapacityError(f"--set '{item}': expected column=value, e.g. precision=fp8")
+        k, v = item.split("=", 1)
+        extra[k.strip()] = v.strip()
+    return extra
+
+
+def _read_rows(paths: list[Path], profile: GpuProfile, gpu: str, ov: readers.Overrides,
+               max_rows: int | None) -> tuple[readers.Measurements, pd.DataFrame, dict[str, int]]:
+    """(what the files hold, the serving rows of the GPU that enter the fit, why the others do not: count)."""
+    meas = readers.load(paths, ov)
+    rows = _filter_gpu(meas.serving, profile, gpu)
+    reasons = [fit_exclusion(r) for r in rows.to_dict(orient="records")]
+    rows = rows[[r is None for r in reasons]]
+    if max_rows:
+        rows = rows.iloc[np.linspace(0, len(rows) - 1, min(max_rows, len(rows))).astype(int)]
+    skipped: dict[str, int] = {}
+    for reason in reasons:
+        if reason is not None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+    return meas, rows, skipped
+
+
+class _Recorder:
+    """Records rows on the profile being calibrated (a YAML path too, not the shipped profile of the
+    row's GPU name) and re-records them at fitted values; `stale` counts the re-recordings that failed."""
+
+    def __init__(self, profile: GpuProfile, gpu: str, workers: int, progress: bool):
+        self.profile, self.gpu, self.workers, self.progress = profile, gpu, workers, progress
+        self.stale: dict[str, int] = {}
+
+    def first(self, rows: pd.DataFrame, skipped: dict[str, int]) -> list[Repricer]:
+        """The rows recorded at the profile's values; a row that cannot be is counted in `skipped`."""
+        pricers = []
+        for rec in record_rows(rows, workers=self.workers, progress=self.progress, gpu=self.gpu):
+            if isinstance(rec, str):
+                skipped[rec] = skipped.get(rec, 0) + 1
+            else:
+                pricers.append(Repricer(rec, self.profile))
+        if not pricers:
+            raise CapacityError(f"no serving rows for GPU {self.profile.name} could be simulated ({'; '.join(skipped)})")
+        return pricers
+
+    def again(self, ps: list[Repricer], eff: dict[str, float]) -> list[Repricer]:
+        """The same rows, in the same order, re-recorded at `eff`; a row that cannot be recorded there
+        keeps its earlier schedule (counted in `stale`), so the row set never changes between rounds."""
+        recs = record_rows([p.rec.row for p in ps], workers=self.workers, progress=self.progress, efficiency=eff,
+                           gpu=self.gpu)
+        out = []
+        for p, rec in zip(ps, recs):
+            if isinstance(rec, str):
+                self.stale[rec] = self.stale.get(rec, 0) + 1
+                out.append(p)
+            else:
+                out.append(Repricer(rec, self.profile))
+        return out
+
+
+def _holdout_split(n: int, holdout: float, seed: int) -> Callable[[list], tuple[list, list]]:
+    """A split of any list of the n rows (in their order) into (fitted on, held out)."""
+    rng = np.random.default_rng(seed)
+    held = set(rng.choice(n, int(round(holdout * n)), replace=False).tolist()) if holdout else set()
+    return lambda ps: ([p for i, p in enumerate(ps) if i not in held], [p for i, p in enumerate(ps) if i in held])
+
+
+def _fit_in_rounds(result: CalibrationResult, pricers: list[Repricer], split: Callable, start: dict[str, float],
+                   keys: tuple[str, ...], rounds: int, fit_kw: dict[str, Any], recorder: _Recorder
+                   ) -> tuple[dict[str, float], list[Repricer], list[Repricer], dict[str, Any]]:
+    """(the kept fit, the schedules it was fitted on, the schedules recorded at it, the fit's info).
+
+    Every round's fit is checked by re-recording the rows at it (a full simulation, exact), and the
+    fit with the lowest simulated cost is kept: re-pricing misjudges the request delay away from its
+    recording point (lowering it keeps each request in the late step it joined), so the rounds can
+    swing between two delays (MI300X prior refit: 24 -> 66 ms) and the last one need not be best."""
+    info: dict[str, Any] = {}
+    train, _ = split(pricers)
+    fitted = fit(train, start, keys, info=info, **fit_kw)
+    candidates = []           # (simulated cost, fit, schedules it was fitted on, schedules recorded at it)
+    for i in range(rounds):
+        fitted_on_pricers = pricers
+        pricers = recorder.again(pricers, fitted)     # re-record at the fitted values (same rows, same order)
+        train, _ = split(pricers)
+        candidates.append((simulated_cost(train, fitted, keys, **fit_kw), fitted, fitted_on_pricers, pricers))
+        if i < rounds - 1:
+            fitted = fit(train, fitted, keys, info=info, **fit_kw)
+    _, fitted, fitted_on_pricers, pricers = min(candidates, key=lambda c: c[0])
+    result.round_costs = [c[0] for c in candidates]
+    kept = result.round_costs.index(min(result.round_costs))
+    if kept < len(candidates) - 1:
+        result.warnings.append(f"kept round {kept + 1}'s fit: simulated cost {result.round_costs[kept]:.4g} against "
+                               f"{', '.join(f'{c:.4g}' for c in result.round_costs)} by round (the request delay swings "
+                               f"between rounds)")
+    return fitted, fitted_on_pricers, pricers, info
+
+
+def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_on_pricers: list[Repricer],
+                   pricers: list[Repricer], split: Callable, info: dict[str, Any]) -> list[Repricer]:
+    """The errors of the kept fit on the rows fitted on and held out, and the fit's warnings; returns
+    the rows fitted on (their schedules recorded at the fit).
+
+    Re-pricing is exact only at the recording point, so the reported errors come from the schedules
+    re-recorded at the kept fit, i.e. what `capacity validate` simulates with it."""
+    result.repriced_train_errors = _tables(predictions(split(fitted_on_pricers)[0], fitted))
+    train, test = split(pricers)
+    result.train_errors = _tables(predictions(train, fitted))
+    result.warnings.extend(_repricing_warnings(result.repriced_train_errors, result.train_errors))
+    if not info.get("converged", True):
+        result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
+    for k in info.get("at_bound", []):
+        result.warnings.append(f"{k} landed on its bound {BOUNDS[k][1]:g} (would exceed 1 = peak): the runs are "
+                               f"faster than the model allows; check the GPU, TP, precision and model of the runs")
+    if test:
+        result.holdout_errors = _tables(predictions(test, fitted))
+    return train
+
+
+def _leave_one_model_out(result: CalibrationResult, train: list[Repricer], fitted: dict[str, float],
+                         keys: tuple[str, ...], fit_kw: dict[str, Any], recorder: _Recorder) -> None:
+    """Leave-one-model-out cross-validation (with more than one model): fit without a model, then
+    simulate it at the fold's fit (re-recorded, not re-priced far from it)."""
+    models = sorted({p.rec.row["model"] for p in train})
+    if len(models) <= 1:
+        return
+    oof = []
+    for m in models:
+        fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys, **fit_kw)
+        result.lomo_fits[m] = fold_fit
+        oof.append(predictions(recorder.again([p for p in train if p.rec.row["model"] == m], fold_fit), fold_fit))
+    result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
+
+
 def _write_acceptance(result: CalibrationResult, records: list, out: str | None) -> None:
     """With --out PROFILE.yaml and spec-decode counters: PROFILE.acceptance.yaml, a scenario fragment."""
     if not (out and records):
         return
-    import yaml
-
-    from capacity.measurements import readers
-
     by_n: dict[int, list] = {}
     for r in records:
         by_n.setdefault(r.num_spec_tokens, []).append(r)

@@ -17,10 +17,13 @@ import numpy as np
 import pandas as pd
 
 from capacity.errors import CapacityError
-from capacity.spec.methods import find_method
-from capacity.fidelity.speedups import (FITTED_PARAMETER, PRECISIONS, WORKLOAD, _gpu_cost_overrides,
-                                    _num, _pool_map, _with_efficiency, ape, default_serving_file,
-                                    simulate_scenario)
+from capacity.fidelity.common import (FITTED_PARAMETER, ape, gpu_cost_overrides, pool_map, simulate_scenario,
+                                      with_efficiency)
+from capacity.inputs.models import load_model
+from capacity.measurements.clients import SEED_WORKLOAD, client_of, length_fractions, random_lengths, v0_engine
+from capacity.measurements.schemas import (blog_precision, default_serving_file, model_aliases, parse_float,
+                                           serving_draft, serving_method)
+from capacity.spec.acceptance import profile_rates
 
 SERVING_SOURCE_PREFIX = "rocm_blog"
 # Draft checkpoints named by the serving rows that have no shipped config, and the shipped config used
@@ -34,36 +37,6 @@ MTP_PLATEAU_N = 8             # "MTP throughput plateaus ... past budget 8" -> m
 SINGLE_USER_PROMPTS = 16      # concurrency-1 rows: requests are independent, 16 converge the mean
 POISSON_PROMPTS = 200         # Poisson rows (the blog ran 500; 200 keep the run short, mean E2E within ~2 %)
 PIN_TOLERANCE = 0.002         # bisection on the i.i.d. acceptance rate stops at this |ratio error|
-
-
-def serving_draft(spec_method: str) -> tuple[str | None, str | None]:
-    """(draft id, note) from a spec_method cell such as 'eagle3 (BF16 draft lightseekorg/kimi-k2.5-eagle3)'."""
-    import re
-
-    m = re.search(r"draft ([\w.-]+/[\w.-]+)", spec_method)
-    if m:
-        return m.group(1), None
-    m = re.search(r"draft model ([\w.-]+)", spec_method)
-    if m:
-        return m.group(1), None
-    return None, None
-
-
-def serving_method(spec_method: str) -> str | None:
-    text = spec_method.strip().lower()
-    if not text or text == "none":
-        return None
-    if text.startswith("draft model"):
-        return "draft_model"
-    return getattr(find_method(text.split()[0]), "name", text.split()[0])
-
-
-def _serving_precision(text: str) -> str | None:
-    t = str(text).lower()
-    for key in ("mxfp4", "mxfp8", "fp8", "int4", "bf16"):
-        if key in t and "?" not in t:
-            return PRECISIONS[key]
-    return None
 
 
 @dataclass
@@ -84,9 +57,6 @@ class ServingCase:
 
 def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
     """Decide, for each rocm_blog row, whether and how it is modelled (see predict_serving_rows)."""
-    from capacity.inputs.models import load_model
-    from capacity.fidelity.serving import client_of, length_fractions, model_aliases, random_lengths, v0_engine
-
     cases: list[ServingCase] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         sm = str(row.get("spec_method", "") or "").strip()
@@ -120,19 +90,19 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             except CapacityError:
                 c.reason = f"draft checkpoint '{draft}' has no shipped config"
                 continue
-        tp = int(_num(row.get("tp")))
-        prec = _serving_precision(row.get("precision", ""))
-        isl, osl = _num(row.get("isl")), _num(row.get("osl"))
+        tp = int(parse_float(row.get("tp")))
+        prec = blog_precision(row.get("precision", ""))
+        isl, osl = parse_float(row.get("isl")), parse_float(row.get("osl"))
         if v0_engine(row):
             assumptions.append(f"vLLM {row.get('framework_version')} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
         if expert_parallel:
             dep["expert_parallel"] = True
             assumptions.append("expert parallelism over the TP GPUs (vLLM --enable-expert-parallel)")
-        conc = _num(row.get("concurrency_or_qps"))
+        conc = parse_float(row.get("concurrency_or_qps"))
         if "concurrency 1" in load_type or ("closed" in load_type and conc == 1):
-            # single-user rows of the DFlash blog: z-lab/dflash client, prompts like the seed WORKLOAD
-            n = int(_num(row.get("num_spec_tokens"))) if _num(row.get("num_spec_tokens")) > 0 else None
+            # single-user rows of the DFlash blog: z-lab/dflash client, prompts like SEED_WORKLOAD
+            n = int(parse_float(row.get("num_spec_tokens"))) if parse_float(row.get("num_spec_tokens")) > 0 else None
             if method == "mtp" and n is None:
                 n = MTP_PLATEAU_N
                 assumptions.append(f"MTP 'plateau past budget 8' modelled at N={n}")
@@ -145,19 +115,17 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             else:
                 datasets = ["GSM8K", "MATH500", "HumanEval", "MBPP"]
                 assumptions.append("workload not stated: acceptance = mean of the seed profile's four datasets")
-            from capacity.spec.acceptance import profile_rates
-
             rates = np.mean([profile_rates(method, target_seed or model, d, n)[0] for d in datasets], axis=0)
             if model == "Qwen/Qwen3.6-35B-A3B":
                 assumptions.append("Qwen3.5-35B-A3B modelled by the shipped Qwen3.6-35B-A3B config and its DFlash "
                                    "drafter; acceptance = mean seed DFlash profile over the measured targets")
             assumptions.append("acceptance from the seed article's profile of this method/target (temperature 0)")
             c.status, c.metric = "predict", "tok_s_per_user"
-            c.measured = _num(row.get("tok_s_per_user"))
+            c.measured = parse_float(row.get("tok_s_per_user"))
             c.scenario = {"name": f"serving:{i}", "deployment": dep,
                           "traffic": {"arrival": {"process": "closed_loop", "concurrency": 1},
                                       "num_requests": SINGLE_USER_PROMPTS,
-                                      "classes": [{"name": "seed", **{k: dict(v) for k, v in WORKLOAD.items()}}]}}
+                                      "classes": [{"name": "seed", **{k: dict(v) for k, v in SEED_WORKLOAD.items()}}]}}
             c.speculative = {"method": method, "num_speculative_tokens": n, "draft": draft,
                              "acceptance": {"model": "chain", "rates": [float(x) for x in rates]}}
             c.assumptions = "; ".join(assumptions)
@@ -173,10 +141,10 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         assumptions.append(f"random prompts and outputs {shape} (the client's draw, {basis}; benchmark_clients.yaml)")
         if "closed" in load_type:
             traffic = {"arrival": {"process": "closed_loop", "concurrency": int(conc)}, "num_requests": 10 * int(conc)}
-            value, metric = _num(row.get("reported_value")), "reported_tok_s_per_gpu"
+            value, metric = parse_float(row.get("reported_value")), "reported_tok_s_per_gpu"
         elif "poisson" in load_type:
             traffic = {"arrival": {"process": "poisson", "rate_rps": float(conc)}, "num_requests": POISSON_PROMPTS}
-            value, metric = _num(row.get("e2e_ms")), "e2e_ms"
+            value, metric = parse_float(row.get("e2e_ms")), "e2e_ms"
         else:
             c.reason = f"load type '{row.get('load_type')}' is not modelled"
             continue
@@ -191,7 +159,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             c.status = "baseline"
             c.series = f"{row['source_id']}|{model}|{tp}|{isl}|{osl}|{load_type}"
         else:
-            n = int(_num(row.get("num_spec_tokens"))) if _num(row.get("num_spec_tokens")) > 0 else None
+            n = int(parse_float(row.get("num_spec_tokens"))) if parse_float(row.get("num_spec_tokens")) > 0 else None
             if n is None:
                 n = ASSUMED_EAGLE3_N
                 assumptions.append(f"N not stated: {n} assumed")
@@ -238,10 +206,10 @@ def _with_spec(sc: dict[str, Any], spec: dict[str, Any] | None, overrides: dict[
             s["overrides"] = {FITTED_PARAMETER: overrides[s["method"]]}
         out["speculative"] = s
         gpu = sc.get("deployment", {}).get("gpu")
-        values = _gpu_cost_overrides(overrides, gpu)
+        values = gpu_cost_overrides(overrides, gpu)
         if values:
             out["deployment"] = {**out["deployment"],
-                                 "gpu_overrides": _with_efficiency(out["deployment"].get("gpu_overrides"), values)}
+                                 "gpu_overrides": with_efficiency(out["deployment"].get("gpu_overrides"), values)}
     return out
 
 
@@ -266,7 +234,7 @@ def _serving_job(job) -> list[dict[str, Any]]:
                         "predicted_output_tok_s_per_gpu": base_m[k]["output_tok_s_per_gpu"],
                         "predicted_total_tok_s_per_gpu": base_m[k]["total_tok_s_per_gpu"], "stable": base_m[k]["stable"]})
         cases = sorted((c for c in cases if c.row.get("concurrency_or_qps") in base),
-                       key=lambda c: _num(c.row.get("concurrency_or_qps")))
+                       key=lambda c: parse_float(c.row.get("concurrency_or_qps")))
         if not cases:
             return out
         unstable = [k for k in (c.row.get("concurrency_or_qps") for c in cases) if not base_m[k]["stable"]]
@@ -338,7 +306,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
       are predicted in absolute terms (tok/s/GPU of unstated basis: output and total both given);
     * everything else is skipped with the reason (load not stated, drafts without a config, ...).
 
-    `rows` (string columns, as read by capacity.fidelity.serving) replaces the file; the table's `row_index`
+    `rows` (string columns, as read by capacity.measurements.schemas.read_measurements) replaces the file; the table's `row_index`
     is each row's index there (in the file otherwise). `predicted` of a pinned series' rows is the
     measured baseline times the predicted speedup; `predicted_absolute` is the simulated value itself.
     """
@@ -366,7 +334,7 @@ def predict_serving_rows(path: str | Path | None = None, workers: int = 2, progr
         for sm in sorted({c.series for c in spec_cases}):
             jobs.append(("series", [c for c in spec_cases if c.series == sm], base_cases, overrides))
     quick_jobs = jobs if not quick else [j for j in jobs if j[0] == "predict"]
-    results = _pool_map(_serving_job, quick_jobs, workers, progress, "serving rows")
+    results = pool_map(_serving_job, quick_jobs, workers, progress, "serving rows")
     preds: dict[int, dict[str, Any]] = {}
     for res in results:
         for r in res:

@@ -1,14 +1,16 @@
 """Validate speculative decoding against measured speedups (the seed article) and spec serving rows.
 
-Measured rows (schema of `capacity/data/measurements/seed_spec_decode.csv`, see SPEC_REQUIRED) give,
+Measured rows (schema of `capacity/data/measurements/seed_spec_decode.csv`, see
+`capacity.measurements.schemas.SPEC_REQUIRED`) give,
 per target × method × dataset × N, the non-speculative baseline throughput, the speculative
 throughput and the per-position acceptance. The article does not report the load, so:
 
 1. Load inference (one load per target). Every target was benchmarked at one fixed load, whose only
    observable is the baseline throughput. The load is modelled as a closed loop of C users (the
    article's four datasets are exactly those of the z-lab/dflash benchmark client, a fixed-concurrency
-   closed loop; inferred) with one assumed request shape for every dataset (WORKLOAD: prompts uniform
-   in [64, 256] tokens, outputs uniform in [512, 2048] tokens; see the constant for the reasoning).
+   closed loop; inferred) with one assumed request shape for every dataset (SEED_WORKLOAD of
+   capacity.measurements.clients: prompts uniform in [64, 256] tokens, outputs uniform in [512, 2048]
+   tokens; see the constant for the reasoning).
    C is found ONCE per target by bisection on the simulated baseline throughput (monotone in C) so
    that it matches the mean of the target's measured baselines over its datasets, on the target's
    GPU, TP, precision and max_num_batched_tokens.
@@ -32,141 +34,47 @@ a stated load are predicted by `capacity.fidelity.spec_serving` (`run` includes 
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
+from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
 from capacity.errors import CapacityError
+from capacity.fidelity.common import (FITTED_PARAMETER, SEQ_KEY, TOK_KEY, ape, gpu_cost_overrides, pool_map,
+                                      seq_key, simulate_scenario, tok_key, with_efficiency)
+from capacity.fidelity.spec_serving import predict_serving_rows, serving_text
+from capacity.inputs.hardware import load_gpu
+from capacity.measurements.clients import SEED_WORKLOAD, model_runner
+from capacity.measurements.row_scenario import speculative_config
+from capacity.measurements.schemas import parse_float, read_spec_measurements, spec_precision
 from capacity.paths import data_dir
+from capacity.spec.methods import find_method, get_method
 from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
-from capacity.cost.step_cost import NUM_FEATURES, StepFeatures
-from capacity.spec.decoding import build_speculation
-from capacity.spec.methods import find_method
 
-SPEC_REQUIRED = ("target", "method", "draft_checkpoint", "gpu", "tp", "precision", "dataset",
-                 "num_speculative_tokens", "per_position_acceptance", "mean_accepted_length",
-                 "baseline_output_tok_s", "output_tok_s", "speedup", "source")
-OPTIONAL_ENGINE = ("max_num_batched_tokens", "max_model_len")
-
-# Assumed request shape of the seed article's benchmark (it reports neither ISL nor OSL):
-# * prompts: GSM8K / MATH500 questions (~50-150 tokens) plus the client's "reason step by step"
-#   suffix (~20 tokens) and a chat template (~10-30 tokens); HumanEval signatures + docstrings
-#   (~100-250 tokens); MBPP sanitized prompts (~20-60 tokens) -> uniform [64, 256] covers them all.
-# * outputs: step-by-step math solutions and code answers of a few hundred tokens up to the
-#   z-lab/dflash client's default cap of 2048 new tokens (`--max-new-tokens 2048`, dflash/benchmark.py;
-#   the article's datasets are exactly that client's) and thinking targets (Kimi-K2.5, MiniMax-M3,
-#   Gemma 4 with its reasoning parser) running to the cap -> uniform [512, 2048] (mean 1280).
-# One shape for every dataset, so that one load per target is one physical thing.
-WORKLOAD = {"input_tokens": {"dist": "uniform", "low": 64, "high": 256},
-            "output_tokens": {"dist": "uniform", "low": 512, "high": 2048}}
 PROMPTS_PER_USER = 16        # closed loop runs min(16·C, MAX_PROMPTS) prompts (speedup within ~1 % of 32·C)
 MIN_PROMPTS = 64
 MAX_PROMPTS = 1024           # the z-lab/dflash client's default --num-prompts (inferred client)
 QUICK_PROMPTS_PER_USER = 4
 ELASTICITY_SPAN = 2 ** 0.5   # the load's conditioning is measured between C / span and C * span
 POORLY_DETERMINED = 0.5      # elasticity below this: a 10 % baseline error moves C by more than 21 %
-FITTED_PARAMETER = "draft_pass_overhead_us"
 # A draft pass's fixed cost (launches, metadata, sampling) is bounded by what a whole target forward's
 # fixed cost is on these GPUs (MI300X `step_overhead_ms` fitted 1.8 ms): [0, 2 ms]. Wider bounds let
 # the per-pass term absorb the per-sequence host cost below (fits of up to 20 ms per DFlash pass,
 # docs/seed_validation.md section 3), which then mispredicts single-user runs.
 FIT_BOUNDS_US = (0.0, 2000.0)
-SEQ_KEY = "spec_seq_overhead_us"     # per-GPU host time per verifying sequence per step (hardware profile)
 SEQ_BOUNDS_US = (0.0, 5000.0)
-TOK_KEY = "spec_token_overhead_us"   # per-GPU time per verified draft token (hardware profile)
 TOK_BOUNDS_US = (0.0, 500.0)
-PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
-              "mxfp8": "mxfp8", "nvfp4": "fp4"}
 
 
 def default_spec_files() -> list[Path]:
     return [data_dir() / "measurements" / "seed_spec_decode.csv"]
-
-
-def default_serving_file() -> Path:
-    return data_dir() / "measurements" / "serving_vllm.csv"
-
-
-# --------------------------------------------------------------------------------------------------
-# Reading
-# --------------------------------------------------------------------------------------------------
-
-def is_spec_file(path: str | Path) -> bool:
-    """True when the CSV's header has every column of the speculative-speedup schema."""
-    try:
-        header = pd.read_csv(path, nrows=0).columns
-    except Exception:  # unreadable files are reported by the reader that gets them
-        return False
-    return all(c in header for c in SPEC_REQUIRED)
-
-
-def read_spec_measurements(path: str | Path) -> pd.DataFrame:
-    """A speculative-speedup file as a DataFrame (SPEC_REQUIRED columns; extra columns kept).
-
-    Numeric columns are parsed; `per_position_acceptance` stays a space-separated string of marginal
-    rates P(A >= k). Raises CapacityError naming the file and the missing columns."""
-    from capacity.fidelity.serving import read_csv_checked
-
-    path = Path(path)
-    df = read_csv_checked(path, SPEC_REQUIRED, "speculative-speedup")
-    for c in ("tp", "num_speculative_tokens", "mean_accepted_length", "baseline_output_tok_s", "output_tok_s",
-              "speedup") + OPTIONAL_ENGINE:
-        if c in df.columns:
-            df[c] = pd.to_numeric(df[c].replace("", np.nan), errors="coerce")
-    df.insert(0, "file", path.name)
-    df.insert(1, "row", np.arange(len(df)))
-    return df
-
-
-def marginal_rates(value: Any) -> list[float]:
-    """The per_position_acceptance cell as a list of floats ([] when empty)."""
-    text = str(value if value is not None else "").replace(",", " ").replace(";", " ").split()
-    try:
-        return [float(x) for x in text]
-    except ValueError:
-        raise CapacityError(f"per_position_acceptance '{value}' is not a space-separated list of numbers") from None
-
-
-def method_name(label: Any) -> str:
-    """The methods.yaml name of a CSV's method label ("EAGLE-3" -> eagle3)."""
-    m = find_method(label)
-    if m is None:
-        raise CapacityError(f"unknown method label '{label}'; use one of: Native MTP, Gemma 4 MTP, EAGLE-3, DFlash, "
-                            f"DSpark (or a methods.yaml name)")
-    return m.name
-
-
-def _precision(value: Any) -> str | None:
-    """First word of the precision cell mapped to a load_model precision; 'checkpoint native' -> None."""
-    text = str(value or "").strip().lower()
-    if not text or "checkpoint native" in text:
-        return None
-    return PRECISIONS.get(text.split()[0])
-
-
-def _num(v: Any) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return math.nan
-    return x
-
-
-def _draft(row: dict[str, Any]) -> str | None:
-    """The row's draft checkpoint when it names one ("(built-in MTP module)" -> None)."""
-    d = str(row.get("draft_checkpoint", "") or "").strip()
-    if not d or d.startswith("(") or d.lower() in ("none", "built-in", "nan"):
-        return None
-    return d
 
 
 # --------------------------------------------------------------------------------------------------
@@ -188,29 +96,13 @@ class Deployment:
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Deployment":
-        mnbt, mml = _num(row.get("max_num_batched_tokens")), _num(row.get("max_model_len"))
-        tp = _num(row.get("tp"))
+        mnbt, mml = parse_float(row.get("max_num_batched_tokens")), parse_float(row.get("max_model_len"))
+        tp = parse_float(row.get("tp"))
         if math.isnan(tp) or tp < 1:
             raise CapacityError(f"{row.get('target')}: tp '{row.get('tp')}' is not a positive number")
-        return cls(str(row["target"]), str(row["gpu"]), int(tp), _precision(row.get("precision")),
+        return cls(str(row["target"]), str(row["gpu"]), int(tp), spec_precision(row.get("precision")),
                    None if math.isnan(mnbt) else int(mnbt), None if math.isnan(mml) else int(mml),
                    model_runner(row))
-
-
-def model_runner(row: dict[str, Any]) -> str:
-    """The vLLM model runner a row ran with: its `model_runner` column if it has one, else the seed
-    article's serve command for its target (`seed_serve_flags.yaml`), else vLLM's default, v1."""
-    value = row.get("model_runner")
-    if isinstance(value, str) and value.strip():
-        return value.strip().lower()
-    return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
-
-
-@functools.lru_cache(maxsize=1)
-def _serve_flags() -> dict[str, Any]:
-    import yaml
-
-    return (yaml.safe_load((data_dir() / "measurements" / "seed_serve_flags.yaml").read_text()) or {}).get("targets", {})
 
 
 def num_prompts(concurrency: int, prompts_per_user: int = PROMPTS_PER_USER) -> int:
@@ -218,8 +110,8 @@ def num_prompts(concurrency: int, prompts_per_user: int = PROMPTS_PER_USER) -> i
 
 
 def workload(dep: Deployment) -> dict[str, Any]:
-    """WORKLOAD, with outputs capped so that prompt + output fits max_model_len."""
-    w = {k: dict(v) for k, v in WORKLOAD.items()}
+    """SEED_WORKLOAD, with outputs capped so that prompt + output fits max_model_len."""
+    w = {k: dict(v) for k, v in SEED_WORKLOAD.items()}
     if dep.max_model_len:
         room = dep.max_model_len - w["input_tokens"]["high"]
         w["output_tokens"]["high"] = max(1, min(w["output_tokens"]["high"], room))
@@ -247,26 +139,6 @@ def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PRO
     if speculative:
         sc["speculative"] = speculative
     return sc
-
-
-def simulate_scenario(sc: dict[str, Any]):
-    """simulate.run on a scenario dict, with `build_speculation` above."""
-    from capacity.inputs import scenario as scenario_mod
-    from capacity.sim import simulate
-    from capacity.inputs.hardware import load_gpu
-    from capacity.inputs.models import load_model
-
-    scen = scenario_mod.from_dict(sc, sc.get("name", "scenario"))
-    d = scen.deployment
-    spec = None
-    if scen.speculative.method not in ("none", "off", "") and scen.speculative.num_speculative_tokens > 0:
-        gpu = load_gpu(d.gpu)
-        if d.gpu_overrides:
-            gpu = gpu.with_overrides(**d.gpu_overrides)
-        model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
-        spec = build_speculation(scen.speculative.model_dump(), gpu, model, d.tensor_parallel_size,
-                                 allow_n_past_block=True)
-    return simulate.run(scen, speculation=spec)
 
 
 def _throughput(sc: dict[str, Any]) -> float:
@@ -372,31 +244,12 @@ def _infer_star(args):
 # One row
 # --------------------------------------------------------------------------------------------------
 
-def speculative_config(row: dict[str, Any], overrides: dict[str, float] | None = None) -> dict[str, Any]:
-    """The scenario's `speculative` section for a measured row (its own acceptance as a chain)."""
-    method = method_name(row["method"])
-    n = int(_num(row["num_speculative_tokens"]))
-    rates = marginal_rates(row["per_position_acceptance"])
-    if len(rates) < n:
-        raise CapacityError(f"{row.get('target')} {row.get('method')} N={n}: per_position_acceptance has "
-                            f"{len(rates)} rates, need {n}")
-    cfg: dict[str, Any] = {"method": method, "num_speculative_tokens": n, "draft": _draft(row),
-                           "acceptance": {"model": "chain", "rates": rates[:n], "basis": "marginal"}}
-    if overrides:
-        cfg["overrides"] = dict(overrides)
-    return cfg
-
-
 def overhead_units(method: str, n: int) -> int:
     """Draft-pass overheads per drafting step: N sequential passes, or one block pass."""
-    from capacity.spec.methods import get_method
-
     return int(n) if get_method(method).kind == "sequential" else 1
 
 
 def default_overhead_us(method: str) -> float:
-    from capacity.spec.methods import get_method
-
     p = get_method(method).parameters.get(FITTED_PARAMETER)
     return float(p.value) if p is not None else 0.0
 
@@ -473,11 +326,6 @@ def _row_star(args) -> RowRun | str:
 # Metrics: errors, regret
 # --------------------------------------------------------------------------------------------------
 
-def ape(pred: Iterable[float], meas: Iterable[float]) -> np.ndarray:
-    p, m = np.asarray(list(pred), dtype=float), np.asarray(list(meas), dtype=float)
-    return np.abs(p - m) / m
-
-
 def error_table(rows: pd.DataFrame, key: str | None, pred: str = "predicted_speedup",
                 meas: str = "speedup") -> list[dict[str, Any]]:
     """n, median and p90 of |pred - meas| / meas, grouped by `key` (None: all rows)."""
@@ -517,31 +365,8 @@ def best_n_regret(rows: pd.DataFrame, pred: str = "predicted_output_tok_s", meas
 STEP_KEY = "_step_overhead_us"
 
 
-def seq_key(gpu: str) -> str:
-    """Fit-parameter name of one GPU's `spec_seq_overhead_us` (a hardware-profile value: host time)."""
-    return f"{SEQ_KEY}@{gpu}"
-
-
-def tok_key(gpu: str) -> str:
-    """Fit-parameter name of one GPU's `spec_token_overhead_us` (a hardware-profile value)."""
-    return f"{TOK_KEY}@{gpu}"
-
-
 def _gpu_keys(gpu: str) -> list[str]:
     return [seq_key(gpu), tok_key(gpu)]
-
-
-def _gpu_cost_overrides(fitted: dict[str, float] | None, gpu: str) -> dict[str, float]:
-    """The profile efficiency entries a fit sets for `gpu` (spec_seq_overhead_us, spec_token_overhead_us)."""
-    return {name: fitted[key(gpu)] for name, key in ((SEQ_KEY, seq_key), (TOK_KEY, tok_key))
-            if fitted and key(gpu) in fitted}
-
-
-def _with_efficiency(gpu_overrides: dict[str, Any] | None, values: dict[str, float]) -> dict[str, Any]:
-    """`gpu_overrides` (a deployment's profile overrides) with `values` set in its efficiency entries."""
-    over = dict(gpu_overrides or {})
-    over["efficiency"] = {**over.get("efficiency", {}), **values}
-    return over
 
 
 def predict_with(runs: list[RowRun], methods: list[str], baselines: np.ndarray, params: dict[str, float],
@@ -561,7 +386,7 @@ def fit_overheads(runs: list[RowRun], methods: list[str], baselines: np.ndarray,
     spec_token_overhead_us (TOK_BOUNDS_US) per GPU present.
     With `step_overhead`, also one fixed cost per drafting step shared by every method (a diagnostic:
     the simulator has no such parameter), returned under STEP_KEY."""
-    from scipy.optimize import least_squares
+    from scipy.optimize import least_squares   # here: ~0.35 s to import, needed only when fitting (validate --spec)
 
     present = sorted(set(methods))
     gpus = sorted({k for r in runs for k in _gpu_keys(r.gpu)}) if seq_overhead else []
@@ -590,8 +415,6 @@ def fold_fallbacks(fit: dict[str, float], methods: list[str], gpus: list[str]) -
     kind (sequential drafters / one-pass block drafters: DSpark is the DFlash backbone, Gemma 4 MTP a
     sequential head like MTP and EAGLE-3); a GPU absent from the fold takes the mean of the fold's
     fitted GPUs (the host work is vLLM's, on similar server CPUs)."""
-    from capacity.spec.methods import get_method
-
     out = dict(fit)
     fitted_m = [m for m in sorted(set(methods)) if m in fit]
     for m in set(methods) - set(fitted_m):
@@ -636,8 +459,6 @@ def cross_validate(runs: list[RowRun], methods: list[str], baselines: np.ndarray
 def repricing_is_exact(dep: Deployment) -> bool:
     """Re-pricing is exact when the closed loop's schedule cannot depend on step durations: no
     serving-stack delay between a request's dispatch and its arrival at the scheduler."""
-    from capacity.inputs.hardware import load_gpu
-
     gpu = load_gpu(dep.gpu)
     if dep.gpu_overrides:
         gpu = gpu.with_overrides(**dep.gpu_overrides)
@@ -764,8 +585,6 @@ def summary_text(s: dict[str, Any]) -> str:
                  f"mean regret <= 2 % ({t['regret_ok']}), all rows modelled ({t['all_modelled']})")
     if s.get("serving"):
         lines.append("")
-        from capacity.fidelity.spec_serving import serving_text  # it imports this module
-
         lines += serving_text(s["serving"])
     lines.append(f"\nwall time {s['wall_time_s']:.0f} s")
     return "\n".join(lines)
@@ -774,23 +593,6 @@ def summary_text(s: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------------
 # Orchestration
 # --------------------------------------------------------------------------------------------------
-
-def _pool_map(fn, jobs: list, workers: int, progress: bool, label: str) -> list:
-    out = []
-    prog = Progress("validate (speculative)", progress)
-    workers = max(1, min(workers, os.cpu_count() or 1))
-    if workers == 1 or len(jobs) < 2:
-        for i, j in enumerate(jobs):
-            out.append(fn(j))
-            prog.update(label, i + 1, len(jobs))
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for i, res in enumerate(pool.map(fn, jobs, chunksize=1)):
-                out.append(res)
-                prog.update(label, i + 1, len(jobs))
-    prog.close()
-    return out
-
 
 def infer_loads(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
                 prompts_per_user: int = PROMPTS_PER_USER) -> tuple[dict[str, LoadInference], dict[str, str]]:
@@ -807,7 +609,7 @@ def infer_loads(rows: pd.DataFrame, workers: int = 2, progress: bool = True,
         measured = float(per_dataset.mean())
         jobs.append((dep, measured, prompts_per_user))
         names.append(target)
-    results = _pool_map(_infer_star, jobs, workers, progress, "load inference")
+    results = pool_map(_infer_star, jobs, workers, progress, "load inference")
     loads = {}
     for name, res in zip(names, results):
         if isinstance(res, str):
@@ -841,13 +643,11 @@ def _regret_summary(df: pd.DataFrame, pred_col: str) -> dict[str, Any]:
 def _with_seq_overhead(load: "LoadInference", fitted: dict[str, float]) -> "LoadInference":
     """The load with its GPU's fitted spec_seq_overhead_us and spec_token_overhead_us as profile
     overrides (re-simulation)."""
-    import dataclasses
-
     dep = load.deployment
-    values = _gpu_cost_overrides(fitted, dep.gpu)
+    values = gpu_cost_overrides(fitted, dep.gpu)
     if not values:
         return load
-    return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=_with_efficiency(dep.gpu_overrides, values)))
+    return dataclasses.replace(load, deployment=dataclasses.replace(dep, gpu_overrides=with_efficiency(dep.gpu_overrides, values)))
 
 
 def run(files: list[str] | None = None, workers: int = 2, progress: bool = True, quick: bool = False,
@@ -877,14 +677,14 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
             reason = f"unknown method label '{r['method']}'"
         elif r["target"] in load_failed:
             reason = load_failed[r["target"]]
-        elif not (_num(r["speedup"]) > 0 and _num(r["baseline_output_tok_s"]) > 0):
+        elif not (parse_float(r["speedup"]) > 0 and parse_float(r["baseline_output_tok_s"]) > 0):
             reason = "no measured speedup or baseline"
         if reason:
             skipped[i] = reason
         else:
             jobs.append((r, loads[r["target"]], ppu))
             idx.append(i)
-    results = _pool_map(_row_star, jobs, workers, progress, "rows")
+    results = pool_map(_row_star, jobs, workers, progress, "rows")
     runs: dict[int, RowRun] = {}
     for i, res in zip(idx, results):
         if isinstance(res, str):
@@ -908,7 +708,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
         # within ~1 %, measured): re-simulate the final predictions with the fitted overrides
         jobs2 = [(rows.loc[i].to_dict(), _with_seq_overhead(loads[rows.at[i, "target"]], fitted), ppu,
                   {FITTED_PARAMETER: fitted[rows.at[i, "method_name"]]}) for i in ok]
-        res2 = _pool_map(_row_star, jobs2, workers, progress, "rows (fitted, re-simulated)")
+        res2 = pool_map(_row_star, jobs2, workers, progress, "rows (fitted, re-simulated)")
         fit_pred = np.array([r.throughput() / b if isinstance(r, RowRun) else np.nan for r, b in zip(res2, base)])
 
     def put(col: str, values: np.ndarray) -> None:
@@ -944,8 +744,8 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     overall = errors["fitted"]["overall"][0] if errors["fitted"]["overall"] else {"median_ape": math.nan, "p90_ape": math.nan}
     summary: dict[str, Any] = {
         "given": int(len(rows)), "modelled": int(len(ok)), "skipped_reasons": reasons,
-        "workload": f"closed loop; prompts {WORKLOAD['input_tokens']['low']}-{WORKLOAD['input_tokens']['high']} tokens, "
-                    f"outputs {WORKLOAD['output_tokens']['low']}-{WORKLOAD['output_tokens']['high']} tokens (uniform)",
+        "workload": f"closed loop; prompts {SEED_WORKLOAD['input_tokens']['low']}-{SEED_WORKLOAD['input_tokens']['high']} tokens, "
+                    f"outputs {SEED_WORKLOAD['output_tokens']['low']}-{SEED_WORKLOAD['output_tokens']['high']} tokens (uniform)",
         "prompts_per_user": ppu,
         "loads": [{**ld.to_json(), "bisection_step": ld.tolerance} for ld in loads.values()],
         "fitted_parameter": FITTED_PARAMETER,
@@ -962,8 +762,6 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
     }
     serving_df = None
     if serving:
-        from capacity.fidelity.spec_serving import predict_serving_rows  # it imports this module
-
         serving_df, serving_summary = predict_serving_rows(workers=workers, progress=progress, quick=quick,
                                                            overrides=summary["fitted"])
         summary["serving"] = serving_summary

@@ -20,7 +20,7 @@ Formats, detected from the content (`detect_format`), never from the file name:
   Accepted: A tokens, Drafted: D tokens, Per-position acceptance rate: r1, r2, ...`` lines
   (vllm/v1/spec_decode/metrics.py `SpecDecodingLogging.log`).
 * ``serving_csv`` / ``spec_csv``: the project's measurement schemas
-  (capacity/data/measurements/README.md; `validate.read_measurements`, `validate_spec`).
+  (capacity/data/measurements/README.md; `capacity.measurements.schemas`).
 
 A vLLM result becomes one row of the serving-measurement schema, plus what only vLLM gives: the
 exact per-request lengths (`input_lens`, `output_lens`, replayed by the simulator), the send times
@@ -50,6 +50,9 @@ import pandas as pd
 from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.errors import CapacityError
+from capacity.inputs.models import load_model
+from capacity.measurements.schemas import (SERVING_REQUIRED, SPEC_REQUIRED, is_spec_file, model_aliases, parse_float,
+                                           read_measurements)
 
 FORMATS = ("vllm_result", "prometheus", "vllm_log", "serving_csv", "spec_csv")
 
@@ -112,9 +115,6 @@ def _json_objects(text: str) -> list[Any] | None:
 
 def detect_format(path: str | Path) -> str:
     """The format of a measurement file (one of FORMATS), from its content; unknown is a one-line error."""
-    from capacity.fidelity import serving as validate
-    from capacity.fidelity import speedups as validate_spec
-
     path = Path(path)
     text = _text(path)
     head = text.lstrip()[:1]
@@ -131,16 +131,16 @@ def detect_format(path: str | Path) -> str:
         return "prometheus"
     if _SPEC_LOG.search(text) or _SPEC_LOG_V0.search(text):
         return "vllm_log"
-    if validate_spec.is_spec_file(path):
+    if is_spec_file(path):
         return "spec_csv"
     try:
         header = pd.read_csv(path, nrows=0).columns
     except Exception:  # noqa: BLE001 - any parse failure means "not a CSV we know"
         header = []
-    if all(c in header for c in validate.SERVING_REQUIRED):
+    if all(c in header for c in SERVING_REQUIRED):
         return "serving_csv"
     # most of one schema's columns: read it as that kind, whose reader names the missing columns
-    for kind, required in (("spec_csv", validate_spec.SPEC_REQUIRED), ("serving_csv", validate.SERVING_REQUIRED)):
+    for kind, required in (("spec_csv", SPEC_REQUIRED), ("serving_csv", SERVING_REQUIRED)):
         if sum(c not in header for c in required) <= len(required) // 2:
             return kind
     raise CapacityError(f"{path}: unknown measurement format; give a `vllm bench serve --save-result` JSON, a "
@@ -151,15 +151,6 @@ def detect_format(path: str | Path) -> str:
 # --------------------------------------------------------------------------------------------
 # vllm bench serve results -> serving rows
 # --------------------------------------------------------------------------------------------
-
-
-def _num(v: Any) -> float:
-    if isinstance(v, str) and v.strip().lower() in ("inf", "infinity"):
-        return math.inf
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def _first(d: dict, keys: tuple[str, ...]) -> Any:
@@ -179,10 +170,7 @@ def _date(value: Any) -> str:
 def resolve_model(name: str) -> str:
     """A result's model id as a shipped architecture: as given, through model_aliases.yaml, or without an
     "-Instruct"/"-Chat" suffix (an instruction-tuned checkpoint has its base model's architecture)."""
-    from capacity.fidelity import serving as validate
-    from capacity.inputs.models import load_model
-
-    candidates = [name, validate.model_aliases().get(name, name)]
+    candidates = [name, model_aliases().get(name, name)]
     candidates += [re.sub(r"-(Instruct|Chat|chat|instruct)(-\d+)?$", "", c) for c in candidates]
     for c in candidates:
         try:
@@ -200,10 +188,10 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
     if missing or not any(_STAT_KEY.match(k) for k in res):
         raise CapacityError(f"{where}: unknown `vllm bench serve` result version: missing "
                             f"{', '.join(missing) or 'the *_ttft_ms/*_tpot_ms statistics'}")
-    completed = int(_num(res["completed"]))
-    failed = _num(res.get("failed"))
+    completed = int(parse_float(res["completed"]))
+    failed = parse_float(res.get("failed"))
     if math.isnan(failed):  # benchmark_serving.py before `failed` existed: infer from num_prompts
-        n = _num(res.get("num_prompts"))
+        n = parse_float(res.get("num_prompts"))
         failed = n - completed if not math.isnan(n) and n > completed and "input_lens" not in res else 0
     if failed > 0 or completed <= 0:
         raise CapacityError(f"{where}: {int(failed)} of {completed + int(failed)} requests failed; its latencies and "
@@ -212,16 +200,16 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
         raise CapacityError(f"{where}: a ramp-up run (--ramp-up-strategy) has no single load; benchmark at a "
                             f"fixed --request-rate or --max-concurrency")
     gpu = ov.gpu or _first(res, METADATA_GPU)
-    tp = ov.tp if ov.tp is not None else _num(_first(res, METADATA_TP))
+    tp = ov.tp if ov.tp is not None else parse_float(_first(res, METADATA_TP))
     if tp is None or (isinstance(tp, float) and math.isnan(tp)):
         raise CapacityError(f"{where}: tensor-parallel size unknown: pass --tp N, or run vllm bench serve with "
                             f"--metadata tensor_parallel_size=N")
     model = resolve_model(str(ov.model or res.get("model_id") or res.get("model") or ""))
-    replicas = _num(_first(res, METADATA_REPLICAS))
+    replicas = parse_float(_first(res, METADATA_REPLICAS))
     replicas = int(replicas) if not math.isnan(replicas) and replicas >= 1 else 1
-    rate = _num(res.get("request_rate", "inf"))
-    conc = _num(res.get("max_concurrency"))
-    burst = _num(res.get("burstiness", 1.0))
+    rate = parse_float(res.get("request_rate", "inf"))
+    conc = parse_float(res.get("max_concurrency"))
+    burst = parse_float(res.get("burstiness", 1.0))
     if math.isinf(rate) and not math.isnan(conc):
         load_type, load = "closed_loop (vllm bench serve --max-concurrency)", conc
     elif math.isinf(rate):
@@ -233,7 +221,7 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
     else:
         load_type, load = "gamma (vllm bench serve --burstiness)", rate
     num_gpus = int(tp) * replicas
-    med = lambda m: _num(res.get(f"median_{m}_ms"))  # noqa: E731
+    med = lambda m: parse_float(res.get(f"median_{m}_ms"))  # noqa: E731
     row: dict[str, Any] = {
         "file": path.name, "row": index, "source_id": f"{path.name}" + (f"#{index + 1}" if index else ""),
         "source_url": str(path), "gpu": str(gpu or ""), "num_gpus": num_gpus, "model": str(model or ""),
@@ -242,9 +230,9 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
         "concurrency_or_qps": load, "load_type": load_type, "burstiness": burst,
         "num_prompts": completed, "latency_stat": "median", "date": _date(res.get("date")),
         "ttft_ms": med("ttft"), "tpot_ms": med("tpot"), "e2e_ms": med("e2el"), "itl_median_ms": med("itl"),
-        "ttft_p99_ms": _num(res.get("p99_ttft_ms")), "tpot_p99_ms": _num(res.get("p99_tpot_ms")),
-        "output_tok_s_per_gpu": _num(res["output_throughput"]) / num_gpus,
-        "total_tok_s_per_gpu": _num(res.get("total_token_throughput")) / num_gpus,
+        "ttft_p99_ms": parse_float(res.get("p99_ttft_ms")), "tpot_p99_ms": parse_float(res.get("p99_tpot_ms")),
+        "output_tok_s_per_gpu": parse_float(res["output_throughput"]) / num_gpus,
+        "total_tok_s_per_gpu": parse_float(res.get("total_token_throughput")) / num_gpus,
         "tok_s_per_user": 1000.0 / med("tpot") if med("tpot") > 0 else math.nan,
         "spec_method": "none", "format": "vllm_result",
     }
@@ -253,7 +241,7 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
         row["spec_method"] = str(spec)
     for key in METADATA_ENGINE:
         if res.get(key) not in (None, ""):
-            row[key] = int(_num(res[key]))
+            row[key] = int(parse_float(res[key]))
     ins, outs = res.get("input_lens"), res.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
         ok = [o > 0 for o in outs]          # vLLM writes output_len 0 for failed requests
@@ -265,8 +253,8 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
         row["isl"] = float(np.mean(row["input_lens"]))
         row["osl"] = float(np.mean(row["output_lens"]))
     else:   # no per-request lengths: mean lengths (or the random dataset's --metadata input_len/output_len)
-        row["isl"] = _num(res.get("input_len")) if "input_len" in res else _num(res["total_input_tokens"]) / completed
-        row["osl"] = _num(res.get("output_len")) if "output_len" in res else _num(res["total_output_tokens"]) / completed
+        row["isl"] = parse_float(res.get("input_len")) if "input_len" in res else parse_float(res["total_input_tokens"]) / completed
+        row["osl"] = parse_float(res.get("output_len")) if "output_len" in res else parse_float(res["total_output_tokens"]) / completed
     row.update(ov.extra)
     return row
 
@@ -443,10 +431,10 @@ def result_acceptance(res: dict[str, Any], where: str) -> AcceptanceRecord | Non
     """The spec_decode_* deltas `vllm bench serve` stores in a result (None when absent)."""
     if "spec_decode_num_drafts" not in res:
         return None
-    drafts = _num(res["spec_decode_num_drafts"])
+    drafts = parse_float(res["spec_decode_num_drafts"])
     rates = np.asarray(res.get("spec_decode_per_position_acceptance_rates") or [], dtype=float)
-    return _check_record(AcceptanceRecord(where, drafts, _num(res.get("spec_decode_draft_tokens")),
-                                          _num(res.get("spec_decode_accepted_tokens")), rates * drafts))
+    return _check_record(AcceptanceRecord(where, drafts, parse_float(res.get("spec_decode_draft_tokens")),
+                                          parse_float(res.get("spec_decode_accepted_tokens")), rates * drafts))
 
 
 def pooled(records: list[AcceptanceRecord]) -> AcceptanceRecord:
@@ -481,8 +469,6 @@ class Measurements:
 
 def load(files: list[str | Path], ov: Overrides | None = None) -> Measurements:
     """Read every file by its detected format."""
-    from capacity.fidelity import serving as validate
-
     ov = ov or Overrides()
     frames, acc, spec, formats = [], [], [], {}
     for f in files:
@@ -503,7 +489,7 @@ def load(files: list[str | Path], ov: Overrides | None = None) -> Measurements:
         elif kind == "spec_csv":
             spec.append(path)
         else:
-            df = validate.read_measurements(path)
+            df = read_measurements(path)
             if ov.gpu and "gpu" in df and (df["gpu"] == "").all():
                 df["gpu"] = ov.gpu
             frames.append(df)

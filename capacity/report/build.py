@@ -266,7 +266,7 @@ def _load_validate(folder: Path) -> Report:
                        + (f" ({len(rows) - len(modelled)} skipped)" if len(rows) > len(modelled) else ""))
     overall = summ.get("overall") if isinstance(summ, dict) else None
     if not overall:
-        from capacity.fidelity.serving import error_table
+        from capacity.fidelity.common import error_table
 
         try:
             overall = error_table(modelled, [])

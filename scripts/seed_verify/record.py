@@ -13,10 +13,13 @@ OUT = Path(__file__).resolve().parent
 import pickle, sys, time
 import numpy as np, pandas as pd
 from capacity.fidelity import speedups as v
+from capacity.fidelity.common import pool_map, simulate_scenario
+from capacity.measurements.row_scenario import speculative_config
+from capacity.measurements.schemas import read_spec_measurements
 from capacity.spec.methods import find_method
 
 PPU = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-rows = pd.concat([v.read_spec_measurements(p) for p in v.default_spec_files()], ignore_index=True)
+rows = pd.concat([read_spec_measurements(p) for p in v.default_spec_files()], ignore_index=True)
 rows["method_name"] = [getattr(find_method(m), "name", None) for m in rows["method"]]
 t0 = time.time()
 loads, failed = v.infer_loads(rows, workers=2, progress=False, prompts_per_user=PPU)
@@ -36,13 +39,13 @@ def job(args):
     if kind == "base":
         sc = v.scenario_dict(load.deployment, load.concurrency, PPU)
     else:
-        sc = v.scenario_dict(load.deployment, load.concurrency, PPU, v.speculative_config(row))
-    return rec_of(v.simulate_scenario(sc))
+        sc = v.scenario_dict(load.deployment, load.concurrency, PPU, speculative_config(row))
+    return rec_of(simulate_scenario(sc))
 
 jobs = [("base", None, l) for l in loads.values()]
 recs = rows.to_dict(orient="records")
 jobs += [("spec", r, loads[r["target"]]) for r in recs]
-out = v._pool_map(job, jobs, 2, False, "rec")
+out = pool_map(job, jobs, 2, False, "rec")
 nb = len(loads)
 data = dict(rows=rows, loads=loads, base={t: o for t, o in zip(loads, out[:nb])}, spec=out[nb:], ppu=PPU)
 pickle.dump(data, open(OUT / f"rec_ppu{PPU}.pkl", "wb"))

@@ -1,0 +1,82 @@
+"""How the measured runs were driven: their benchmark clients' length rules and serve flags.
+
+* serving rows: benchmark_clients.yaml says, per `source_id`, from which range of the nominal
+  isl/osl the source's client drew its random lengths (`length_fractions`, `random_lengths`) and
+  its prompt count where a row does not state one (`client_of`); `v0_engine` tells the vLLM
+  releases that ran the V0 engine;
+* the seed article's speedup rows: SEED_WORKLOAD, the request shape its client is assumed to have
+  sent, and seed_serve_flags.yaml, the serve command's model runner per target (`model_runner`).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any
+
+import yaml
+
+from capacity.paths import data_dir
+
+# Assumed request shape of the seed article's benchmark (it reports neither ISL nor OSL):
+# * prompts: GSM8K / MATH500 questions (~50-150 tokens) plus the client's "reason step by step"
+#   suffix (~20 tokens) and a chat template (~10-30 tokens); HumanEval signatures + docstrings
+#   (~100-250 tokens); MBPP sanitized prompts (~20-60 tokens) -> uniform [64, 256] covers them all.
+# * outputs: step-by-step math solutions and code answers of a few hundred tokens up to the
+#   z-lab/dflash client's default cap of 2048 new tokens (`--max-new-tokens 2048`, dflash/benchmark.py;
+#   the article's datasets are exactly that client's) and thinking targets (Kimi-K2.5, MiniMax-M3,
+#   Gemma 4 with its reasoning parser) running to the cap -> uniform [512, 2048] (mean 1280).
+# One shape for every dataset, so that one load per target is one physical thing.
+SEED_WORKLOAD = {"input_tokens": {"dist": "uniform", "low": 64, "high": 256},
+                 "output_tokens": {"dist": "uniform", "low": 512, "high": 2048}}
+
+
+@lru_cache(maxsize=1)
+def benchmark_clients() -> dict[str, Any]:
+    return yaml.safe_load((data_dir() / "measurements" / "benchmark_clients.yaml").read_text()) or {}
+
+
+def client_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark_clients.yaml entry of the row's `source_id` (the default entry for other sources)."""
+    clients = benchmark_clients()
+    return (clients.get("sources") or {}).get(str(row.get("source_id", "")).strip()) or clients.get("default") or {}
+
+
+def length_fractions(row: dict[str, Any]) -> tuple[float, float]:
+    """(low, high): the row's client drew random lengths uniformly from [low, high] x the nominal
+    isl/osl (benchmark_clients.yaml, by `source_id`; its default entry for other sources)."""
+    entry = client_of(row)
+    return float(entry["low"]), float(entry["high"])
+
+
+def random_lengths(row: dict[str, Any], isl: float, osl: float) -> dict[str, dict[str, Any]]:
+    """The input/output length distributions of a row's random-dataset requests (`length_fractions`)."""
+    low, high = length_fractions(row)
+
+    def dist(n: float) -> dict[str, Any]:
+        hi = max(1, int(round(high * n)))
+        return {"dist": "uniform", "low": min(hi, max(1, int(round(low * n)))), "high": hi}
+
+    return {"input_tokens": dist(isl), "output_tokens": dist(osl)}
+
+
+def v0_engine(row: dict[str, Any]) -> bool:
+    """Whether the row's vLLM (`framework_version`, e.g. "v0.6.7" or "vllm/vllm-openai-rocm:v0.18.0")
+    predates 0.8, the first release with the V1 engine on by default: it ran the V0 engine, whose
+    scheduler (prefills first, chunked prefill optional) the simulator does not mimic."""
+    m = re.search(r"v?(\d+)\.(\d+)", str(row.get("framework_version", "")))
+    return bool(m) and int(m.group(1)) == 0 and 0 < int(m.group(2)) < 8     # 0.0.x: not a vLLM release
+
+
+def model_runner(row: dict[str, Any]) -> str:
+    """The vLLM model runner a row ran with: its `model_runner` column if it has one, else the seed
+    article's serve command for its target (`seed_serve_flags.yaml`), else vLLM's default, v1."""
+    value = row.get("model_runner")
+    if isinstance(value, str) and value.strip():
+        return value.strip().lower()
+    return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
+
+
+@lru_cache(maxsize=1)
+def _serve_flags() -> dict[str, Any]:
+    return (yaml.safe_load((data_dir() / "measurements" / "seed_serve_flags.yaml").read_text()) or {}).get("targets", {})
