@@ -1,6 +1,10 @@
 """The `capacity` command line. Each sub-command is a thin shell over a library function.
 
 Errors a user can fix (CapacityError) print one line and exit 2, without a traceback.
+
+Each command imports the layers it needs inside its own function, on purpose: `capacity hardware`
+or `capacity methods` should not pay for the simulator, pandas, scipy or plotly (a cold start
+is mostly imports), and building the parser imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from capacity.util.jsonio import print_json
 
 # ---------------------------------------------------------------------- commands
 def cmd_simulate(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.inputs import scenario as scenario_mod
     from capacity.sim import simulate
     from capacity.sim import summary
@@ -42,6 +47,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.studies import plan
 
     result = plan.run(args.scenario, args.set, workers=args.workers, progress=not args.json)
@@ -57,6 +63,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_hardware(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.inputs.hardware import list_gpus
 
     gpus = list_gpus()
@@ -77,6 +84,7 @@ def cmd_hardware(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.inputs.models import list_models
 
     models = list_models()
@@ -99,6 +107,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.spec.methods import methods_table
 
     table = methods_table()
@@ -114,6 +123,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.measurements import readers
     from capacity.fidelity import serving as validate
     from capacity.fidelity import speedups as validate_spec
@@ -158,6 +168,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.fidelity import calibrate
 
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
@@ -173,6 +184,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------- parser
 def cmd_sweep(args: argparse.Namespace) -> int:
+    # the command's own layers, imported on use (module docstring)
     from capacity.studies.sweep import (RESULTS_FILE, default_out, load_spec, points_table, results_table, run_sweep,
                                         validate_points)
 

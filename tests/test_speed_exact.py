@@ -90,7 +90,7 @@ def test_runs_sharing_price_memos_match_runs_that_do_not(monkeypatch) -> None:
     first = simulate.run(_small())
     second = simulate.run(_small())                       # reuses the memos filled by the first
     assert second.deployed.cost is first.deployed.cost
-    assert second.deployed.speculation.draft_cost._steps_memo is first.deployed.speculation.draft_cost._steps_memo
+    assert second.deployed.speculation.draft_cost.price_memos().steps is first.deployed.speculation.draft_cost.price_memos().steps
     monkeypatch.setattr(simulate, "_SHARED_MAX", 0)      # every run keeps its own memos
     simulate._SHARED.clear()
     alone = simulate.run(_small())
@@ -107,7 +107,7 @@ def test_a_different_deployment_does_not_share() -> None:
     base = simulate.run(_small())
     other = simulate.run(scenario.load(None, ["traffic.num_requests=80", "deployment.gpu_overrides={efficiency: {hbm: 0.5}}"]))
     assert other.deployed.cost is not base.deployed.cost
-    assert other.deployed.speculation.draft_cost._steps_memo is not base.deployed.speculation.draft_cost._steps_memo
+    assert other.deployed.speculation.draft_cost.price_memos().steps is not base.deployed.speculation.draft_cost.price_memos().steps
     assert other.metrics["duration_s"] != base.metrics["duration_s"]
 
 

@@ -551,8 +551,10 @@ def _gaps(rate_rps: float, burstiness: float, n: int, rng: np.random.Generator) 
     return rng.gamma(shape=burstiness, scale=1.0 / (rate_rps * burstiness), size=n)
 
 
-def _open_loop_arrivals(arrival: PoissonArrivals | GammaArrivals, num_requests: int | None,
+def open_loop_arrivals(arrival: PoissonArrivals | GammaArrivals, num_requests: int | None,
                         duration_s: float | None, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times (s) of a Poisson or gamma process as `vllm bench serve` draws them: `num_requests`
+    of them, or as many as fall within `duration_s`."""
     rate = arrival.rate_rps
     burstiness = arrival.burstiness if isinstance(arrival, GammaArrivals) else 1.0
     if math.isinf(rate):  # vLLM: delay 0 for every request
@@ -641,7 +643,7 @@ def build_requests(cfg: TrafficConfig, rng: np.random.Generator) -> RequestStrea
         arrival_s = np.full(cfg.num_requests, np.nan)
         concurrency: int | None = arrival.concurrency
     else:
-        arrival_s = _open_loop_arrivals(arrival, cfg.num_requests, cfg.duration_s, arrival_rng)
+        arrival_s = open_loop_arrivals(arrival, cfg.num_requests, cfg.duration_s, arrival_rng)
         concurrency = None
     n = len(arrival_s)
     class_index = _class_mix(cfg.classes, n, class_rng)

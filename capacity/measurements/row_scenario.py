@@ -21,7 +21,7 @@ import numpy as np
 from capacity.errors import CapacityError
 from capacity.inputs.hardware import load_gpu, looks_like_path
 from capacity.inputs.models import load_model
-from capacity.inputs.traffic import RequestStream, TrafficConfig, _open_loop_arrivals
+from capacity.inputs.traffic import RequestStream, TrafficConfig, open_loop_arrivals
 from capacity.measurements.clients import client_of, random_lengths
 from capacity.measurements.schemas import (PREDICTED, draft_checkpoint, marginal_rates, method_name, model_aliases,
                                            parse_float, serving_draft, serving_method, serving_precision)
@@ -183,7 +183,7 @@ def row_stream(row: dict[str, Any], scenario: dict[str, Any]):
         else:
             cfg = TrafficConfig.model_validate(scenario["traffic"])
             rng = np.random.default_rng(np.random.SeedSequence(0).spawn(2)[0]).spawn(3)[0]
-            arrival = _open_loop_arrivals(cfg.arrival, len(ins), None, rng)
+            arrival = open_loop_arrivals(cfg.arrival, len(ins), None, rng)
     return RequestStream(arrival_s=arrival.astype(float), prompt_tokens=ins, output_tokens=outs,
                          class_index=np.zeros(len(ins), dtype=np.int64), class_names=["recorded"], concurrency=conc)
 

@@ -37,6 +37,7 @@ from capacity.report import figures as F
 from capacity.report.explainer import explainer_figure, explainer_section
 from capacity.report.page import figure_div, page
 from capacity.errors import CapacityError
+from capacity.fidelity.common import error_table
 from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 from capacity.sim.summary import speculation_lines
@@ -266,8 +267,6 @@ def _load_validate(folder: Path) -> Report:
                        + (f" ({len(rows) - len(modelled)} skipped)" if len(rows) > len(modelled) else ""))
     overall = summ.get("overall") if isinstance(summ, dict) else None
     if not overall:
-        from capacity.fidelity.common import error_table
-
         try:
             overall = error_table(modelled, [])
         except (KeyError, TypeError, ValueError):

@@ -49,7 +49,7 @@ LOAD_COLUMNS = {
 }
 NO_SPECULATION = "none"
 
-# Measured columns of a validate rows.csv (capacity.fidelity.serving.PREDICTED) with their units.
+# Measured columns of a validate rows.csv (capacity.measurements.schemas.PREDICTED) with their units.
 METRIC_LABELS = {
     "output_tok_s_per_gpu": "output throughput (tok/s per GPU)",
     "total_tok_s_per_gpu": "total throughput (tok/s per GPU)",
