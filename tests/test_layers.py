@@ -109,3 +109,17 @@ def test_a_planted_import_of_the_cli_is_caught(tmp_path):
     target = root / "studies" / "plan.py"
     target.write_text(target.read_text() + "\nfrom capacity.cli import main as _main\n")
     assert "capacity.studies.plan imports the CLI (capacity.cli)" in violations(root)
+
+
+def test_the_cli_parser_imports_no_heavy_library():
+    """Building `capacity`'s parser and printing --help imports neither numpy, pandas, scipy nor
+    plotly (cli.py's docstring: each command imports its layers on use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, contextlib, io\nfrom capacity import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        cli.main(['--help'])\n    except SystemExit:\n        pass\n"
+            "print(sorted(m for m in ('numpy', 'pandas', 'scipy', 'plotly', 'simpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+
+def _numpy():
+    """numpy if something has imported it, else None: no numpy object can exist before numpy is
+    imported, so the CLI's start-up (`capacity --help`, `capacity hardware`) need not pay for it."""
+    return sys.modules.get("numpy")
 
 
 def clean(obj: Any) -> Any:
     """`obj` with numpy scalars as Python numbers and every non-finite float replaced by None,
     containers walked."""
-    if isinstance(obj, np.generic):
+    np = _numpy()
+    if np is not None and isinstance(obj, np.generic):
         obj = obj.item()
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -28,17 +34,19 @@ def clean(obj: Any) -> Any:
 
 
 def default(o: Any) -> Any:
-    """`json.dumps(default=...)` for the types `clean` leaves: numpy booleans, integers and arrays, paths."""
-    if isinstance(o, np.bool_):
-        return bool(o)
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return None if np.isnan(o) else float(o)
-    if isinstance(o, np.ndarray):
-        return clean(o.tolist())
+    """`json.dumps(default=...)` for the types `clean` leaves: paths, numpy booleans, integers and arrays."""
     if isinstance(o, Path):
         return str(o)
+    np = _numpy()
+    if np is not None:
+        if isinstance(o, np.bool_):
+            return bool(o)
+        if isinstance(o, np.integer):
+            return int(o)
+        if isinstance(o, np.floating):
+            return None if np.isnan(o) else float(o)
+        if isinstance(o, np.ndarray):
+            return clean(o.tolist())
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
