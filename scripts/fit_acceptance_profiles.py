@@ -24,6 +24,13 @@ What is written (the rules themselves are implemented in ``capacity/spec/accepta
   constant a_j for j >= 2, least squares on tau(k).
 * ``chat_tau_ratio`` per method: tau(chat) / tau(math) at 7 draft positions for the same drafter,
   from the literature values typed in below (no seed row is chat).
+* ``chat_factor`` per method with a ``chat_tau_ratio``, SOLVED: for every measured target and for
+  the mean over the measured targets (what an unmeasured target or none gets), the factor c on
+  every conditional rate of the math profile such that tau(7 drafts of c * rates) = chat_tau_ratio x
+  tau(7 drafts of rates); rates = ``capacity.spec.acceptance.chat_base_rates`` of the YAML as written
+  (its math pooled chain extended to 7 positions with the decay), c by brentq on [0, 1] (xtol 1e-10),
+  0 where even c = 0 reaches the target. Stored with full (repr) precision; the simulator reads it
+  instead of solving (no scipy at start-up).
 
 ``--check`` regenerates into memory and fails if the shipped YAML differs (used by the tests).
 """
@@ -38,9 +45,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.optimize import least_squares, minimize_scalar
+from scipy.optimize import brentq, least_squares, minimize_scalar
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from capacity.spec.acceptance import chat_base_rates  # noqa: E402  (the profile rules the runtime applies)
+
 SEED_CSV = ROOT / "capacity" / "data" / "measurements" / "seed_spec_decode.csv"
 OUT_YAML = ROOT / "capacity" / "data" / "acceptance_profiles.yaml"
 
@@ -169,6 +179,37 @@ def _fit_two_param(k: list[int], tau: list[float]) -> tuple[list[float], float]:
     sol = least_squares(resid, x0=[0.5, 0.5], bounds=([0.0, 0.0], [1.0, 1.0]))
     rmse = float(np.sqrt(np.mean(resid(sol.x) ** 2)))
     return _r4(rates(sol.x)), round(rmse, 4)
+
+
+CHAT_MATCH_DRAFTS = 7
+
+
+def _chat_factor(rates: np.ndarray, ratio: float) -> float:
+    """c such that E[tau] with 7 drafts of c * rates = ratio * that of rates (0 if not reachable)."""
+    target = ratio * _tau(rates, CHAT_MATCH_DRAFTS)
+    if _tau(rates * 0.0, CHAT_MATCH_DRAFTS) >= target:
+        return 0.0
+    return float(brentq(lambda c: _tau(rates * c, CHAT_MATCH_DRAFTS) - target, 0.0, 1.0, xtol=1e-10))
+
+
+def add_chat_factors(doc: dict) -> dict:
+    """Solve and add ``methods.<m>.chat_factor`` for every method with a chat_tau_ratio, on the data as
+    the runtime reads it back (the rendered YAML, loaded)."""
+    shipped = yaml.safe_load(render(doc))
+    for key, m in shipped["methods"].items():
+        if "chat_tau_ratio" not in m:
+            continue
+        ratio = float(m["chat_tau_ratio"]["value"])
+        doc["methods"][key]["chat_factor"] = {
+            "rule": (f"chat = the math profile with every conditional rate x c, c such that tau({CHAT_MATCH_DRAFTS} "
+                     f"drafts of c * rates) = chat_tau_ratio.value x tau({CHAT_MATCH_DRAFTS} drafts of rates); rates "
+                     "= the target's math pooled chain (the mean, position by position, of its GSM8K and MATH500 "
+                     "chains; mean_of_targets: the mean of those over the measured targets) extended to "
+                     f"{CHAT_MATCH_DRAFTS} positions with the decay; solved by brentq on [0, 1], xtol 1e-10"),
+            "by_target": {t: _chat_factor(chat_base_rates(shipped, key, t), ratio) for t in sorted(m["targets"])},
+            "mean_of_targets": _chat_factor(chat_base_rates(shipped, key, None), ratio),
+        }
+    return doc
 
 
 def build() -> dict:
@@ -352,6 +393,8 @@ HEADER = """\
 # * methods.<m>.chat_tau_ratio: the seed article has no chat rows; chat = the target's math profile with every
 #   conditional rate multiplied by one factor c chosen so that tau(7 drafts) = ratio x math tau(7) (assumption;
 #   the ratio's source is on each entry).
+# * methods.<m>.chat_factor: that factor c, solved by the script (brentq) for each measured target and for the mean
+#   over the measured targets (an unmeasured target), so the simulator reads it instead of solving.
 # * methods.draft_model / methods.ngram: no seed rows; literature tau(k) curves (source on each entry) fitted
 #   with a two-parameter chain (a_1, then a constant rate).
 # * temperature, probabilistic_draft_factor: assumed values with their sources.
@@ -383,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if the shipped YAML is out of date")
     args = ap.parse_args(argv)
-    text = render(build())
+    text = render(add_chat_factors(build()))
     if args.check:
         current = OUT_YAML.read_text() if OUT_YAML.exists() else ""
         if current != text:

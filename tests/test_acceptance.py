@@ -244,6 +244,65 @@ def test_literature_fallbacks_reproduce_published_tau() -> None:
     assert "literature" in prov and "SpecDecode-Bench" in prov
 
 
+def _chain_tau(rates: list[float]) -> float:
+    """1 + sum_j prod_{i<=j} a_i, in plain Python."""
+    tau, s = 1.0, 1.0
+    for a in rates:
+        s *= a
+        tau += s
+    return tau
+
+
+def _math_chain_7(targets: dict, hf_id: str, decay: float) -> list[float]:
+    """A target's math chain for 7 drafts from the YAML's pooled rates, computed here: each of its GSM8K and
+    MATH500 chains extended to 7 positions (a_{K+m} = a_K decay^m), then averaged position by position."""
+    chains = []
+    for d in ("GSM8K", "MATH500"):
+        if d in targets[hf_id]:
+            r = list(targets[hf_id][d]["rates"])[:7]
+            r += [r[-1] * decay ** m for m in range(1, 7 - len(r) + 1)]
+            chains.append(r)
+    return [sum(col) / len(col) for col in zip(*chains)]
+
+
+def test_stored_chat_factors_solve_their_equation() -> None:
+    """Every stored chat factor c (per measured target, and for the mean over the targets) solves
+    tau(7 drafts of c * math rates) = chat_tau_ratio x tau(7 drafts of math rates), computed here from the
+    YAML's pooled rates without the runtime's profile code; and the runtime's chat profile uses it."""
+    checked = 0
+    for key, m in load_profiles()["methods"].items():
+        if "chat_tau_ratio" not in m:
+            assert "chat_factor" not in m
+            continue
+        ratio, decay, targets = m["chat_tau_ratio"]["value"], m["decay"]["value"], m["targets"]
+        table = m["chat_factor"]
+        assert sorted(table["by_target"]) == sorted(targets)
+        per_target = {t: _math_chain_7(targets, t, decay) for t in targets}
+        mean = [sum(col) / len(col) for col in zip(*(per_target[t] for t in sorted(targets)))]
+        cases = [(t, table["by_target"][t], per_target[t]) for t in targets] + [(None, table["mean_of_targets"], mean)]
+        for hf_id, c, rates in cases:
+            assert 0.0 < c <= 1.0
+            want = ratio * _chain_tau(rates)
+            assert _chain_tau([c * a for a in rates]) == pytest.approx(want, rel=1e-8, abs=0), (key, hf_id)
+            # the runtime's chat profile is the math profile times this c
+            for target in ([hf_id] if hf_id else [None, "not/measured-model"]):
+                chat, _ = profile_rates(key, target, "chat")
+                base, _ = profile_rates(key, target, "math")
+                np.testing.assert_array_equal(chat, base * c)
+            checked += 1
+    assert checked >= 15
+
+
+def test_a_simulation_imports_no_scipy() -> None:
+    """The default scenario (chat profile, Gemma 4 MTP) simulates without importing scipy: the chat factor
+    is stored data, not solved at start-up."""
+    code = ("import sys\nfrom capacity.inputs import scenario\nfrom capacity.sim import simulate\n"
+            "simulate.run(scenario.load(None, ['traffic.num_requests=20']))\n"
+            "print(sorted(m for m in sys.modules if m == 'scipy' or m.startswith('scipy.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
 def test_shipped_yaml_is_what_the_script_generates() -> None:
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "fit_acceptance_profiles.py"), "--check"],
                          capture_output=True, text=True)

@@ -50,14 +50,19 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 import numpy as np
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas (~0.3 s to import) is imported inside the functions that read a trace file or build a
+# DataFrame, not here: validating a scenario and drawing synthetic traffic do not need it.
 
 __all__ = [
     "FixedLength",
@@ -315,6 +320,8 @@ class RequestStream:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per request: arrival_s, prompt_tokens, output_tokens, class_index, class_name."""
+        import pandas as pd
+
         names = np.asarray(self.class_names, dtype=object)
         return pd.DataFrame({
             "arrival_s": self.arrival_s,
@@ -395,6 +402,8 @@ def _first_line(error: BaseException) -> str:
 
 
 def _header(path: Path) -> list[str]:
+    import pandas as pd
+
     try:
         return [str(c).strip() for c in pd.read_csv(path, nrows=0).columns]
     except pd.errors.EmptyDataError:
@@ -414,6 +423,8 @@ def _missing_columns_error(path: Path, header: list[str], needed: list[tuple[str
 
 
 def _token_column(raw: pd.Series, path: Path, column: str) -> np.ndarray:
+    import pandas as pd
+
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
     bad = ~np.isfinite(values) | (values < 0) | (values != np.floor(values))
     if bad.any():
@@ -425,6 +436,8 @@ def _token_column(raw: pd.Series, path: Path, column: str) -> np.ndarray:
 
 def _time_column(raw: pd.Series, path: Path, fmt: _TraceFormat) -> np.ndarray:
     """Seconds since the earliest timestamp, float64."""
+    import pandas as pd
+
     if fmt.time_unit == "datetime":
         try:
             stamps = pd.to_datetime(raw, format="ISO8601")
@@ -450,6 +463,8 @@ def _time_column(raw: pd.Series, path: Path, fmt: _TraceFormat) -> np.ndarray:
 @functools.lru_cache(maxsize=16)
 def _load(path_str: str, mtime_ns: int, size: int, need_time: bool) -> dict[str, np.ndarray]:
     """Parse a trace once per (file, version). Arrays are read-only; callers copy."""
+    import pandas as pd
+
     path = Path(path_str)
     header = _header(path)
     if need_time:
@@ -509,6 +524,8 @@ def read_trace(path: str) -> pd.DataFrame:
     so arrival_s[0] == 0. Missing columns, non-numeric values or negative token counts raise
     CapacityError.
     """
+    import pandas as pd
+
     data = _cached(path, need_time=True)
     return pd.DataFrame({k: np.array(v) for k, v in data.items()})
 

@@ -60,7 +60,9 @@ the rates with a provenance string:
 * ``chat`` has no seed rows: the math profile with every conditional rate multiplied by one factor c such
   that E[tau] with 7 drafts is ``chat_tau_ratio`` x the math E[tau] (ratios 0.55-0.73 per method from the
   DSpark paper's MT-Bench vs math columns and the ROCm DFlash blog's MTP rows; an ASSUMPTION that they carry
-  over to these targets).
+  over to these targets). c is solved once by ``scripts/fit_acceptance_profiles.py`` (brentq on the rates
+  `chat_base_rates` gives) and stored per method and target in the YAML (``methods.<m>.chat_factor``), so a
+  simulation does not import scipy for it.
 * Target without measurements for the method (or ``None``): arithmetic mean, position by position, of the
   method's profiles for the same workload across the measured targets.
 * Methods without seed rows (``draft_model``, ``ngram``): literature tau(k) curves fitted with a
@@ -776,14 +778,17 @@ class _Literature(_Source):
                                                      f"literature chain extended past {k} with decay {self.decay:g}")
 
 
-def _chat_factor(math_rates: np.ndarray, ratio: float) -> float:
-    """c such that E[tau] with 7 drafts of c * rates = ratio * that of rates (0 if not reachable)."""
-    target = ratio * _tau(math_rates, _CHAT_MATCH_DRAFTS)
-    if _tau(math_rates * 0.0, _CHAT_MATCH_DRAFTS) >= target:
-        return 0.0
-    from scipy.optimize import brentq   # imported when first needed: scipy takes about a second to import
-
-    return float(brentq(lambda c: _tau(math_rates * c, _CHAT_MATCH_DRAFTS) - target, 0.0, 1.0, xtol=1e-10))
+def _chat_factor(m: dict, key: str, hf_id: str | None) -> float:
+    """The stored chat factor c of method entry `m` for target `hf_id` (None: the mean over the measured
+    targets): E[tau] with 7 drafts of c * the math rates = ``chat_tau_ratio`` x that of the math rates
+    (`chat_base_rates`). Solved by scripts/fit_acceptance_profiles.py (brentq) and stored in the YAML, so
+    that no simulation imports scipy for it."""
+    table = m.get("chat_factor")
+    c = None if table is None else (table["mean_of_targets"] if hf_id is None else table["by_target"].get(hf_id))
+    if c is None:  # pragma: no cover - the script writes every measured target
+        raise CapacityError(f"no stored chat factor for {key} on {hf_id or 'the mean of the targets'}; "
+                            "regenerate acceptance_profiles.yaml with scripts/fit_acceptance_profiles.py")
+    return float(c)
 
 
 def _match_target(entry: dict, target: str | None) -> str | None:
@@ -794,6 +799,43 @@ def _match_target(entry: dict, target: str | None) -> str | None:
         if hf_id.lower() == t or hf_id.split("/")[-1].lower() == t.split("/")[-1]:
             return hf_id
     return None
+
+
+def _base_source(prof: dict, key: str, target: str | None, w: str) -> tuple[_Source, str | None]:
+    """The measured-method profile of workload `w` (chat: its math base) and the matched target id (None:
+    the mean over the measured targets)."""
+    m = prof["methods"][key]
+    targets: dict = m["targets"]
+    decay = float(m["decay"]["value"])
+
+    def measured(hf_id: str, dataset: str) -> _Source:
+        return _Measured(key, hf_id, dataset, targets[hf_id][dataset], decay)
+
+    def typed(hf_id: str, t: str) -> _Source:
+        ds = [d for d in DATASETS if prof["workload_types"][d] == t and d in targets[hf_id]]
+        return _Mean([measured(hf_id, d) for d in ds], f"{key} on {hf_id}, {t} = mean of {' and '.join(ds)}")
+
+    def for_target(hf_id: str, w: str) -> _Source:
+        if w in DATASETS and w in targets[hf_id]:
+            return measured(hf_id, w)
+        return typed(hf_id, prof["workload_types"].get(w, w))
+
+    base_w = "math" if w == "chat" else w
+    hf = _match_target(targets, target)
+    if hf is not None:
+        return for_target(hf, base_w), hf
+    names = sorted(targets)
+    parts = [for_target(t, base_w) for t in names]
+    why = "no target given" if target is None else f"{target} not measured for {key}"
+    return _Mean(parts, f"{key} {base_w}: arithmetic mean over the measured targets {', '.join(names)} ({why})"), None
+
+
+def chat_base_rates(prof: dict, method: str, target: str | None) -> np.ndarray:
+    """The rates the chat factor scales: the math profile's pooled chain of `method` on `target` (None or
+    unmeasured: the mean over the measured targets), extended to 7 drafts, from the profile data `prof`
+    (scripts/fit_acceptance_profiles.py solves the factor on these)."""
+    src, _ = _base_source(prof, _method_key(method), target, "chat")
+    return src.pooled_extended(_CHAT_MATCH_DRAFTS)
 
 
 def _profile_source(method: str, target: str | None, workload: str) -> _Source:
@@ -811,33 +853,11 @@ def _profile_source(method: str, target: str | None, workload: str) -> _Source:
         return _Literature(lit["rates"], decay, f"literature fallback for {key} ({wtype}; no seed measurement): "
                                                 f"{lit['source']}; {lit['basis']}")
 
-    targets: dict = m["targets"]
-
-    def measured(hf_id: str, dataset: str) -> _Source:
-        return _Measured(key, hf_id, dataset, targets[hf_id][dataset], decay)
-
-    def typed(hf_id: str, t: str) -> _Source:
-        ds = [d for d in DATASETS if prof["workload_types"][d] == t and d in targets[hf_id]]
-        return _Mean([measured(hf_id, d) for d in ds], f"{key} on {hf_id}, {t} = mean of {' and '.join(ds)}")
-
-    def for_target(hf_id: str, w: str) -> _Source:
-        if w in DATASETS and w in targets[hf_id]:
-            return measured(hf_id, w)
-        return typed(hf_id, prof["workload_types"].get(w, w))
-
-    base_w = "math" if w == "chat" else w
-    hf = _match_target(targets, target)
-    if hf is not None:
-        src = for_target(hf, base_w)
-    else:
-        names = sorted(targets)
-        parts = [for_target(t, base_w) for t in names]
-        why = "no target given" if target is None else f"{target} not measured for {key}"
-        src = _Mean(parts, f"{key} {base_w}: arithmetic mean over the measured targets {', '.join(names)} ({why})")
+    src, hf = _base_source(prof, key, target, w)
     if w != "chat":
         return src
     chat = m["chat_tau_ratio"]
-    c = _chat_factor(src.pooled_extended(_CHAT_MATCH_DRAFTS), float(chat["value"]))
+    c = _chat_factor(m, key, hf)
     return _Scaled(src, c, f"chat derived from [{src.description}]: every rate x {c:.4f} so that E[tau] with 7 drafts "
                            f"is {chat['value']} x math (assumed; ratio from {chat['source']})")
 
@@ -984,5 +1004,5 @@ def acceptance_from_config(cfg: Mapping[str, Any] | None, *, method: str, target
 __all__ = [
     "AcceptanceModel", "IIDAcceptance", "iid_alpha_for_length", "ChainAcceptance", "ProfileAcceptance", "HeterogeneousAcceptance",
     "HistogramAcceptance", "TraceAcceptance", "acceptance_from_config", "load_profiles", "profile_rates",
-    "validate_rates", "rate_factor", "DATASETS", "WORKLOAD_TYPES", "MODELS",
+    "validate_rates", "rate_factor", "chat_base_rates", "DATASETS", "WORKLOAD_TYPES", "MODELS",
 ]
