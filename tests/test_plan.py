@@ -107,7 +107,10 @@ def test_the_plan_shows_the_target_traffic_with_and_without_speculation(tmp_path
     assert [r["label"] for r in runs] == ["gemma4_mtp N=3", "same GPUs, no spec", "cheapest without"]
     assert runs[0]["gpus"] == runs[1]["gpus"] == rec["total_gpus"]
     assert runs[2]["gpus"] == rec["without_speculation"]["total_gpus"] and runs[2]["slo_met"]
-    off = scenario.load(str(out / "recommended.yaml"))
+    # recommended.yaml is the confirmation run (target × (1 + headroom), evidence length); the table
+    # is at the target rate with its own request count
+    off = scenario.load(str(out / "recommended.yaml"), [f"traffic.arrival.rate_rps={runs[1]['rate_rps']}",
+                                                         f"traffic.num_requests={runs[1]['num_requests']}"])
     off = off.model_copy(update={"speculative": scenario.Speculative()})
     assert simulate.run(off).metrics["tpot_ms"]["p90"] == pytest.approx(runs[1]["metrics"]["tpot_ms"]["p90"], rel=1e-9)
     assert "At 3 req/s" in text and "same GPUs, no spec" in text

@@ -23,8 +23,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import math
 import os
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -92,6 +94,10 @@ class Candidate:
     total_gpus: int = 0
     cost_per_hour_usd: float = 0.0
     cost_per_gpu_hour_usd: float = 0.0
+    confirmed: bool = False
+    # how the row's per-replica rate was found, in words (analytic model, one simulated replica, or
+    # the whole cluster confirmed by simulation)
+    basis: str = "analytic estimate (mean-value model, not simulated)"
 
     @property
     def label(self) -> str:
@@ -213,7 +219,8 @@ def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str,
     return {"ok": bool(m.get("slo_met")) and res.stable, "stable": res.stable, "metrics": m,
             "payload": summary.simulation_payload(res), "requests": res.requests,
             "acceptance_basis": getattr(acceptance, "provenance", None),
-            "speculation_by_batch": summary.speculation_by_batch(res) if explain else None}
+            "speculation_by_batch": summary.speculation_by_batch(res) if explain else None,
+            "_result": res}
 
 
 def _probe(args) -> tuple[int, float, bool]:
@@ -233,7 +240,12 @@ class PlanResult:
     wall_time_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"recommendation": self.recommendation, "candidates": self.candidates, "evidence": self.evidence,
+        dep = self.recommendation.get("deployment") or {}
+        return {"recommendation": self.recommendation,
+                # the answer as something to deploy (also under recommendation.deployment)
+                "servers": dep.get("servers"), "vllm_serve": dep.get("vllm_serve"),
+                "vllm_bench_serve": dep.get("vllm_bench_serve"),
+                "candidates": self.candidates, "evidence": self.evidence,
                 "wall_time_s": self.wall_time_s}
 
 
@@ -343,6 +355,8 @@ def _probe_shortlist(st: _Setup, top: list[Candidate], ratio: float, workers: in
         c.simulated = True
         if ok_rates:
             c.max_rate_per_replica_rps = max(ok_rates)
+            c.basis = (f"simulated: one replica met the SLOs at {c.max_rate_per_replica_rps:.2f} req/s "
+                       f"({st.cfg.requests_per_probe} requests)")
             _size(c, st.target, st.cfg.max_replicas)
         else:
             c.feasible, c.reason = False, "missed the SLOs in simulation at every probed rate"
@@ -359,6 +373,7 @@ def _rescale(st: _Setup, cands: list[Candidate], ratio: float) -> float:
     for c in cands:
         if c.feasible and not c.simulated:
             c.max_rate_per_replica_rps = c.analytic_rate_rps * ratio
+            c.basis = f"analytic estimate × {ratio:.2f} (the simulated/analytic median; not simulated)"
             _size(c, st.target, st.cfg.max_replicas)
     return ratio
 
@@ -375,50 +390,225 @@ def _simulate_best(st: _Setup, cands: list[Candidate], workers: int, prog: Progr
         ratio = _rescale(st, cands, ratio)
 
 
-def _choose(cands: list[Candidate]) -> tuple[list[Candidate], Candidate]:
-    """(the feasible candidates by GPU count, then cost, simulated first; the best simulated one)."""
-    ranked = sorted([c for c in cands if c.feasible],
-                    key=lambda c: (c.total_gpus, c.cost_per_hour_usd, not c.simulated))
-    sim_ranked = [c for c in ranked if c.simulated]
-    if not sim_ranked:
+def _ranked(cands: list[Candidate]) -> list[Candidate]:
+    """The feasible candidates by GPU count, then cost; confirmed, then simulated ones first."""
+    return sorted([c for c in cands if c.feasible],
+                  key=lambda c: (c.total_gpus, c.cost_per_hour_usd, not c.confirmed, not c.simulated))
+
+
+def _check_simulated(cands: list[Candidate]) -> None:
+    if not any(c.feasible and c.simulated for c in cands):
         raise CapacityError("no candidate met the SLOs in simulation; relax the slo or widen plan.search")
-    return ranked, sim_ranked[0]
 
 
-def _confirm(st: _Setup, best: Candidate, n_req: int, prog: Progress) -> dict[str, Any]:
-    """Stage 3: simulate the whole cluster at the target rate, adding a replica while it misses the
-    SLOs and removing one while one fewer also meets them; re-size `best` to the confirmed count.
-    The evidence: {"recommended": the run at that count, "one_fewer_replica": the run with one fewer}."""
-    rate = st.cfg.target_rate_rps
-    replicas = best.replicas
-    for _ in range(8):
-        prog.update(f"confirming {best.label} × {replicas} replicas")
-        at = _simulate(candidate_scenario(st.base, best, rate, replicas, n_req), explain=True)
-        if at.get("ok"):
-            fewer = _simulate(candidate_scenario(st.base, best, rate, replicas - 1, n_req)) if replicas > 1 else None
-            if fewer is not None and fewer.get("ok"):
-                replicas -= 1  # not minimal: step down and confirm again
-                continue
-            evidence = {"recommended": at, "one_fewer_replica": fewer}
-            break
-        replicas += 1
+# Evidence runs: the requests of the warm-up (the first tenth of arrivals, while the replicas fill
+# from empty: assumed, not measured) are left out of the percentiles that judge the SLOs, and a run
+# is long enough for the highest percentile it judges to rest on about ten requests past it
+# (p99: 1,000 steady-state completions).
+WARMUP_FRACTION = 0.1
+_TAIL_SAMPLES = 10
+CONFIDENCE = 0.95
+# At most this many simulated candidates are confirmed as whole clusters (best first); the
+# recommendation is the best confirmed one, the rest keep their single-replica estimate.
+_CONFIRM_AT_MOST = 3
+
+
+def evidence_requests(slos: list, replicas: int, floor: int) -> int:
+    """Requests per evidence run: enough that, after the warm-up, the highest judged percentile has
+    `_TAIL_SAMPLES` requests beyond it (p99 -> 1,000 steady-state completions), at least `floor`
+    and 200 × sqrt(replicas)."""
+    top = max([float(s.stat[1:]) for s in slos if s.stat.startswith("p")] or [50.0])
+    tail = max(1.0 - top / 100.0, 1e-4)
+    steady = math.ceil(_TAIL_SAMPLES / tail - 1e-9)
+    return max(floor, int(200 * math.sqrt(replicas)), math.ceil(steady / (1.0 - WARMUP_FRACTION)))
+
+
+def percentile_interval(values: np.ndarray, q: float, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the q-th percentile from n samples: the order
+    statistics x_(l) and x_(u) (1-based) with l = F⁻¹(α/2) and u = F⁻¹(1 − α/2) + 1 for F the
+    Binomial(n, q/100) CDF, which cover the true percentile with probability ≥ confidence
+    (the number of samples below it is Binomial(n, q/100)). None for no samples; a rank off
+    either end is clamped to the extreme sample."""
+    from scipy.stats import binom
+
+    x = np.sort(np.asarray(values, dtype=float))
+    n = x.size
+    if n == 0:
+        return None
+    a = (1.0 - confidence) / 2.0
+    lo = int(binom.ppf(a, n, q / 100.0))
+    hi = int(binom.ppf(1.0 - a, n, q / 100.0)) + 1
+    return float(x[min(max(lo, 1), n) - 1]), float(x[min(max(hi, 1), n) - 1])
+
+
+def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
+    """The SLO verdict of an evidence run: each SLO's achieved value over the steady-state requests
+    (warm-up left out), its confidence interval and the margin to the threshold with its ±, and
+    `ok`: the run's own verdict (stable, every SLO met over the whole run, as `capacity simulate`
+    says) and every SLO met in the steady state."""
+    from capacity.sim.metrics import per_request_frame
+
+    if not run.get("metrics") or run.get("requests") is None:
+        return {"ok": False, "slo": [], "steady_requests": 0}
+    df = per_request_frame(run["requests"])
+    df = df[~np.isnan(df["arrival_s"].to_numpy(float))].sort_values("arrival_s", kind="stable")
+    steady = df.iloc[int(len(df) * WARMUP_FRACTION):]
+    steady = steady[steady["completed"]]
+    col = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms", "tok_s_per_user": "tok_s_per_user"}
+    rows, ok = [], bool(run.get("ok"))
+    for s in slos:
+        row: dict[str, Any] = {"slo": str(s), "threshold": s.threshold}
+        if s.metric in col:
+            v = steady[col[s.metric]].to_numpy(float)
+            v = v[~np.isnan(v)]
+            row["samples"] = int(v.size)
+            if v.size and s.stat.startswith("p"):
+                q = float(s.stat[1:])
+                ach = float(np.percentile(v, q))
+                row["interval"] = percentile_interval(v, q)
+            elif v.size:
+                ach = float({"mean": np.mean, "min": np.min, "max": np.max}[s.stat](v))
+            else:
+                ach = None
+            row["basis"] = "steady state (first {:.0%} of arrivals left out)".format(WARMUP_FRACTION)
+        else:  # ITL has no per-request value: the whole run's statistic
+            ach = next((r.get("achieved") for r in run["metrics"].get("slo") or [] if r["slo"] == str(s)), None)
+            row["basis"] = "whole run"
+        row["achieved"] = ach
+        row["met"] = ach is not None and s.holds(ach)
+        if ach is not None:
+            sign = 1.0 if s.op == "<" else -1.0
+            row["margin"] = sign * (s.threshold - ach) / s.threshold
+            if row.get("interval"):
+                m = sorted(sign * (s.threshold - v) / s.threshold for v in row["interval"])
+                row["margin_interval"] = m
+                row["margin_pm"] = (m[1] - m[0]) / 2.0
+        ok = ok and row["met"]
+        rows.append(row)
+    return {"ok": ok, "slo": rows, "steady_requests": int(len(steady)), "warmup_fraction": WARMUP_FRACTION,
+            "confidence": CONFIDENCE}
+
+
+def search_replicas(start: int, max_replicas: int, meets) -> tuple[int | None, dict[int, bool]]:
+    """The fewest replicas r in [1, max_replicas] with meets(r), assuming more replicas never hurt:
+    from `start`, bracket by doubling steps (up while it misses, down while it meets), then bisect,
+    so meets(r) is true and meets(r − 1) false (or r = 1), each evaluated once. (None, tried) when
+    even max_replicas misses. No step limit: the bracket reaches 1 or max_replicas in
+    log2(max_replicas) steps."""
+    tried: dict[int, bool] = {}
+
+    def at(r: int) -> bool:
+        if r not in tried:
+            tried[r] = bool(meets(r))
+        return tried[r]
+
+    r = min(max(int(start), 1), max_replicas)
+    lo, hi, step = 0, None, 1            # lo: most replicas known to miss (0: none deployed)
+    if at(r):
+        hi = r
+        while hi - step >= 1 and at(hi - step):
+            hi, step = hi - step, step * 2
+        lo = max(hi - step, 0) if hi - step >= 1 else 0
     else:
-        raise CapacityError(f"could not confirm {best.label} at {rate} req/s within 8 adjustments")
+        lo = r
+        while hi is None:
+            nxt = min(lo + step, max_replicas)
+            if at(nxt):
+                hi = nxt
+            elif nxt == max_replicas:
+                return None, tried
+            else:
+                lo, step = nxt, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if at(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi, tried
+
+
+def _evidence(st: _Setup, c: Candidate, replicas: int, n_req: int, explain: bool = False) -> dict[str, Any]:
+    r = _simulate(candidate_scenario(st.base, c, st.target, replicas, n_req), explain=explain)
+    r["judgement"] = judge(r, st.slos)
+    r["ok_plan"] = r["judgement"]["ok"]
+    return r
+
+
+def _confirm(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any] | None:
+    """Stage 3: simulate the whole cluster at target × (1 + headroom) and search the fewest replicas
+    that meet the SLOs there (`search_replicas`, from the estimated count); re-size `best` to it
+    and set its per-replica rate to the confirmed one (the rate over the replicas). The evidence:
+    {"recommended": the run at that count, "one_fewer_replica": the run with one fewer (None at
+    one replica), "replicas_tried": {count: met}}; None (and `best` infeasible) when even
+    plan.max_replicas misses."""
+    runs: dict[int, dict[str, Any]] = {}
+
+    def meets(r: int) -> bool:
+        prog.update(f"confirming {best.label} × {r} replicas at {st.target:g} req/s")
+        runs[r] = _evidence(st, best, r, evidence_requests(st.slos, r, st.cfg.requests_per_probe))
+        return bool(runs[r]["ok_plan"])
+
+    replicas, tried = search_replicas(best.replicas, st.cfg.max_replicas, meets)
+    best.confirmed = True
+    if replicas is None:
+        best.feasible = False
+        best.reason = (f"missed the SLOs with the whole cluster simulated at {st.target:g} req/s, up to "
+                       f"plan.max_replicas = {st.cfg.max_replicas} replicas")
+        return None
+    # the run kept as the recommendation's evidence explains where speculation pays
+    runs[replicas]["speculation_by_batch"] = summary.speculation_by_batch(runs[replicas]["_result"])
     best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
     best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
-    return evidence
+    best.max_rate_per_replica_rps = st.target / replicas
+    best.basis = (f"confirmed: {replicas} replicas simulated at {st.target:g} req/s meet the SLOs"
+                  + (f", {replicas - 1} miss" if replicas > 1 else ""))
+    return {"recommended": runs[replicas], "one_fewer_replica": runs.get(replicas - 1),
+            "replicas_tried": {int(k): v for k, v in sorted(tried.items())}}
+
+
+def _rank_key(c: Candidate) -> tuple:
+    return (c.total_gpus, c.cost_per_hour_usd)
+
+
+def _confirm_best(st: _Setup, cands: list[Candidate], prog: Progress) -> tuple[Candidate, dict[str, Any]]:
+    """Confirm the best simulated candidate as a whole cluster; while another simulated candidate's
+    estimate still ranks ahead of the confirmed one, confirm that one too (at most
+    `_CONFIRM_AT_MOST`). The best confirmed candidate and its evidence; an error only when no
+    candidate meets the SLOs as a whole cluster."""
+    best, best_ev, done = None, None, 0
+    while True:
+        pending = sorted([c for c in cands if c.feasible and c.simulated and not c.confirmed], key=_rank_key)
+        if not pending or (best is not None and (_rank_key(pending[0]) >= _rank_key(best) or done >= _CONFIRM_AT_MOST)):
+            break
+        c = pending[0]
+        ev = _confirm(st, c, prog)
+        done += 1
+        if ev is not None and (best is None or _rank_key(c) < _rank_key(best)):
+            best, best_ev = c, ev
+    if best is None:
+        raise CapacityError(f"no candidate met the SLOs with its whole cluster simulated at {st.target:g} req/s "
+                            f"(target × (1 + headroom)); raise plan.max_replicas, widen plan.search or relax the slo")
+    return best, best_ev
 
 
 def _recommendation(st: _Setup, best: Candidate, ranked: list[Candidate], evidence: dict[str, Any],
                     comparison: list[dict[str, Any]]) -> dict[str, Any]:
     m = evidence["recommended"]["metrics"]
     out_tok_s = m["output_throughput_tok_s"] or 0.0
+    fewer = evidence["one_fewer_replica"] or {}
     return {
         **best.row(),
         "target_rate_rps": st.cfg.target_rate_rps, "headroom": st.cfg.headroom,
+        # the rate the replica count is confirmed at: target × (1 + headroom)
+        "confirmed_at_rps": st.target,
         "cost_per_million_output_tokens_usd": best.cost_per_hour_usd / (out_tok_s * 3600) * 1e6 if out_tok_s else None,
-        "slo": m.get("slo"), "slo_met": m.get("slo_met"),
-        "one_fewer_replica_slo_met": (evidence["one_fewer_replica"] or {}).get("metrics", {}).get("slo_met"),
+        "slo": evidence["recommended"]["judgement"]["slo"], "slo_met": evidence["recommended"]["ok_plan"],
+        "slo_whole_run": m.get("slo"),
+        "evidence_requests": m.get("num_requests"),
+        "one_fewer_replica_slo_met": fewer.get("ok_plan") if fewer else None,
+        "one_fewer_replica_slo": (fewer.get("judgement") or {}).get("slo") if fewer else None,
+        "replicas_tried": evidence.get("replicas_tried"),
         "without_speculation": _best_of(ranked, "none"),
         # where the recommended drafter's acceptance comes from (measured on this target, or carried
         # over from other targets): the recommendation is only as good as that number
@@ -440,17 +630,28 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     workers = max(1, min(workers or os.cpu_count() or 1, 8))
     _screen(st, cands, prog)
     _simulate_best(st, cands, workers, prog)
-    ranked, best = _choose(cands)
-    n_conf = max(st.cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
-    evidence = _confirm(st, best, n_conf, prog)
-    comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_conf, evidence["recommended"], prog)
+    _check_simulated(cands)
+    best, evidence = _confirm_best(st, cands, prog)
+    ranked = _ranked(cands)
+    n_conf = evidence_requests(st.slos, best.replicas, st.cfg.requests_per_probe)
+    # the with/without table describes the target rate (no headroom) with runs of the probes' size,
+    # the recommendation's own evidence run when that is the same run
+    n_table = max(st.cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
+    at_target = evidence["recommended"] if st.target == st.cfg.target_rate_rps and n_table == n_conf else \
+        _simulate(candidate_scenario(st.base, best, st.cfg.target_rate_rps, best.replicas, n_table))
+    comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_table, at_target, prog)
     prog.close()
     rec = _recommendation(st, best, ranked, evidence, comparison)
-    rate, replicas = st.cfg.target_rate_rps, best.replicas
-    rec_sc = candidate_scenario(st.base, best, rate, replicas, n_conf)
-    fewer_sc = candidate_scenario(st.base, best, rate, replicas - 1, n_conf) if replicas > 1 else None
-    ev_json = {k: (v or {}).get("payload") for k, v in evidence.items()}
-    ev_req = {k: (v or {}).get("requests") for k, v in evidence.items() if v}
+    replicas = best.replicas
+    rec_sc = candidate_scenario(st.base, best, st.target, replicas, n_conf)
+    fewer_sc = candidate_scenario(st.base, best, st.target, replicas - 1, n_conf) if replicas > 1 else None
+    rec["deployment"] = deployment(st, best, rec_sc)
+    rec_sc["description"] = _describe(rec, st)
+    if fewer_sc is not None:
+        fewer_sc["description"] = (f"One replica fewer than the plan's recommendation ({replicas - 1} × {best.label}) "
+                                   f"at {st.target:g} req/s: expected to miss the SLOs")
+    ev_json = {k: (v or {}).get("payload") for k, v in evidence.items() if k != "replicas_tried"}
+    ev_req = {k: (v or {}).get("requests") for k, v in evidence.items() if k != "replicas_tried" and v}
     return PlanResult(rec, [c.row() for c in ranked] + [c.row() for c in cands if not c.feasible], ev_json,
                       rec_sc, fewer_sc, ev_req, time.perf_counter() - t0)
 
@@ -463,6 +664,7 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     def entry(label: str, c: Candidate, replicas: int, res: dict[str, Any]) -> dict[str, Any]:
         m = res.get("metrics") or {}
         return {"label": label, "config": c.label, "gpus": replicas * c.tensor_parallel_size,
+                "rate_rps": rate, "num_requests": n_req,
                 "slo_met": bool(res.get("ok")), "stable": bool(res.get("stable")),
                 "metrics": summary.comparison_metrics(m) if m else None, "error": res.get("error")}
 
@@ -496,29 +698,174 @@ def _best_of(ranked: list[Candidate], method: str) -> dict[str, Any] | None:
 def _size(c: Candidate, target: float, max_replicas: int) -> None:
     c.replicas = max(1, math.ceil(target / c.max_rate_per_replica_rps - 1e-9))
     if c.replicas > max_replicas:
-        c.feasible, c.reason = False, f"needs more than {max_replicas} replicas"
+        c.feasible, c.reason = False, f"needs more than plan.max_replicas = {max_replicas} replicas"
     c.total_gpus = c.replicas * c.tensor_parallel_size
     c.cost_per_hour_usd = c.total_gpus * c.cost_per_gpu_hour_usd
 
 
+# ---------------------------------------------------------------------------------------------- deployment
+# vLLM's spellings: `vllm serve` flags (vllm/engine/arg_utils.py) and the --speculative-config JSON
+# keys "method", "model", "num_speculative_tokens" (vllm/config/speculative.py SpeculativeConfig);
+# `vllm bench serve` flags (vllm/benchmarks/serve.py; --goodput takes "KEY:VALUE" pairs in ms for
+# ttft, tpot, e2el). The method names are capacity/data/methods.yaml's `vllm_method`.
+_GOODPUT_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2el"}
+
+
+def speculative_config(method: str, num_speculative_tokens: int, target: str, draft: str | None) -> dict[str, Any] | None:
+    """vLLM's --speculative-config for a method of capacity/data/methods.yaml: {"method": its
+    `vllm_method`, "model": the draft checkpoint (none for native MTP and n-gram),
+    "num_speculative_tokens": N}; None for speculation off."""
+    from capacity.spec.methods import get_method
+
+    if method == "none" or not num_speculative_tokens:
+        return None
+    m = get_method(method)
+    cfg: dict[str, Any] = {"method": m.vllm_method.split()[0]}
+    if m.drafter == "checkpoint":
+        model = draft or m.default_draft(target)
+        if model:
+            cfg["model"] = model
+    cfg["num_speculative_tokens"] = int(num_speculative_tokens)
+    return cfg
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str, Any]:
+    """The recommendation as something to deploy: servers of the GPU's platform (GPUs per server:
+    the profile's `scaleup_world_size`, the GPUs of one scale-up domain, i.e. one 8-GPU node), the
+    replicas each server holds, and per replica the `vllm serve` line and the `vllm bench serve`
+    line that checks it at its share of target × (1 + headroom)."""
+    sc = scenario_mod.from_dict({k: v for k, v in rec_sc.items() if k != "plan"}, "recommended")
+    d, e, sp = sc.deployment, sc.engine, sc.speculative
+    gpu = load_gpu(d.gpu)
+    per_server = int(gpu.scaleup_world_size)
+    tp = d.tensor_parallel_size
+    notes = []
+    if tp > per_server or per_server % tp:
+        notes.append(f"tensor-parallel size {tp} does not divide the {per_server} GPUs of one {gpu.name} server: "
+                     "a replica would span servers")
+        per_server_replicas = max(per_server // tp, 1)
+    else:
+        per_server_replicas = per_server // tp
+    servers = math.ceil(best.replicas / per_server_replicas)
+    spec = speculative_config(sp.method, sp.num_speculative_tokens, d.model, sp.draft)
+    serve = ["vllm", "serve", d.model, "--tensor-parallel-size", str(tp),
+             "--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens", str(e.max_num_batched_tokens),
+             "--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
+    if d.kv_cache_dtype == "fp8":
+        serve += ["--kv-cache-dtype", "fp8"]
+    if d.expert_parallel:
+        serve += ["--enable-expert-parallel"]
+    if d.precision == "fp8":
+        serve += ["--quantization", "fp8"]
+    elif d.precision:
+        notes.append(f"precision {d.precision}: serve a checkpoint quantized to {d.precision} (the line names the model id)")
+    # the simulator does not model prefix caching: off, so that the check measures what was planned
+    serve += ["--no-enable-prefix-caching"]
+    if spec:
+        serve += ["--speculative-config", json.dumps(spec)]
+    serve += ["--port", "8000"]
+    stream = build_requests(sc.traffic, np.random.default_rng(0))
+    per_replica = st.target / best.replicas
+    goodput = []
+    for s in st.slos:
+        if s.metric in _GOODPUT_KEYS:
+            goodput.append(f"{_GOODPUT_KEYS[s.metric]}:{s.threshold:g}")
+        elif s.metric == "tok_s_per_user":
+            goodput.append(f"tpot:{1000.0 / s.threshold:g}")
+    pct = sorted({s.stat[1:] for s in st.slos if s.stat.startswith("p")} | {"50"}, key=float)
+    n_prompts = evidence_requests(st.slos, 1, st.cfg.requests_per_probe)
+    bench = ["vllm", "bench", "serve", "--backend", "vllm", "--model", d.model, "--base-url", "http://SERVER:8000",
+             "--dataset-name", "random", "--random-input-len", str(int(round(float(stream.prompt_tokens.mean())))),
+             "--random-output-len", str(int(round(float(stream.output_tokens.mean())))), "--ignore-eos",
+             "--request-rate", f"{per_replica:.3g}", "--burstiness", "1.0", "--num-prompts", str(n_prompts),
+             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", ",".join(pct)]
+    if goodput:
+        bench += ["--goodput", *goodput]
+    bench += ["--save-result", "--save-detailed", "--result-filename", "plan_check.json"]
+    return {
+        "gpu": gpu.name, "gpus_per_server": per_server, "replicas_per_server": per_server_replicas,
+        "servers": servers, "gpus": best.total_gpus, "replicas": best.replicas, "tensor_parallel_size": tp,
+        "gpus_per_server_source": f"GPU profile {gpu.name}, scaleup_world_size: {_source_of(gpu, 'scaleup_world_size')}",
+        "speculative_config": spec,
+        "vllm_serve": " ".join(_shell_quote(a) for a in serve),
+        "vllm_serve_argv": serve,
+        "vllm_bench_serve": " ".join(_shell_quote(a) for a in bench),
+        "vllm_bench_serve_argv": bench,
+        "bench_rate_per_replica_rps": per_replica,
+        "notes": notes + [
+            "one `vllm serve` per replica (replicas_per_server per server, each on its own GPUs, e.g. "
+            "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, and port) behind a load balancer",
+            "the bench line checks one replica at its share of the planned rate with random prompts of the "
+            "traffic's mean lengths; acceptance depends on the text, so for speculation benchmark your own "
+            "prompts (e.g. --dataset-name sharegpt --dataset-path ...) and feed the result to `capacity validate`"],
+    }
+
+
+def _source_of(gpu, key: str) -> str:
+    rec = gpu.provenance.get(key)
+    return getattr(rec, "source", None) or "no source recorded"
+
+
+def _describe(rec: dict[str, Any], st: _Setup) -> str:
+    dep = rec["deployment"]
+    spec = (f"{rec['method']} N={rec['num_speculative_tokens']}" if rec["method"] != "none" else "no speculation")
+    return (f"capacity plan's recommendation: {dep['replicas']} replicas × {dep['gpu']} TP{dep['tensor_parallel_size']} "
+            f"= {dep['gpus']} GPUs on {dep['servers']} server(s) of {dep['gpus_per_server']}, {spec}, "
+            f"at {st.target:g} req/s (target {st.cfg.target_rate_rps:g} × (1 + {st.cfg.headroom:g} headroom))")
+
+
 # ---------------------------------------------------------------------------------------------- output
+def _verdict(row: dict[str, Any]) -> str:
+    """'met, margin 12 % ± 4 %' for one judged SLO."""
+    word = "met" if row.get("met") else "MISSED"
+    if row.get("margin") is None:
+        return word
+    pm = row.get("margin_pm")
+    return f"{word}, margin {row['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if pm is not None else "")
+
+
+def _achieved(row: dict[str, Any]) -> str:
+    ach = row.get("achieved")
+    if ach is None:
+        return "-"
+    unit = "" if row["slo"].startswith("tok_s_per_user") else " ms"
+    iv = row.get("interval")
+    ci = f" [{iv[0]:,.1f}, {iv[1]:,.1f}]" if iv else ""
+    return f"{ach:,.1f}{unit}{ci}"
+
+
 def summary_text(p: PlanResult) -> str:
     r = p.recommendation
+    dep = r.get("deployment") or {}
+    wrap = textwrap.TextWrapper(width=110, initial_indent=" " * 16, subsequent_indent=" " * 18)
     lines = [
-        f"Recommendation  {r['replicas']} × {r['gpu']} TP{r['tensor_parallel_size']} = {r['total_gpus']} GPUs, "
-        f"speculation {r['method']}" + (f" N={r['num_speculative_tokens']}" if r["method"] != "none" else ""),
-        f"                for {r['target_rate_rps']:g} req/s (sized for +{r['headroom']:.0%} headroom), "
-        f"${r['cost_per_hour_usd']:,.2f}/hour (assumed $/GPU-h), "
-        + (f"${r['cost_per_million_output_tokens_usd']:.2f} per million output tokens" if r.get("cost_per_million_output_tokens_usd") else ""),
+        f"Recommendation  {r['replicas']} × {r['gpu']} TP{r['tensor_parallel_size']} = {r['total_gpus']} GPUs"
+        + (f" on {dep['servers']} server(s) of {dep['gpus_per_server']} GPUs" if dep else "")
+        + f", speculation {r['method']}" + (f" N={r['num_speculative_tokens']}" if r["method"] != "none" else ""),
+        f"                for {r['target_rate_rps']:g} req/s, confirmed at {r['confirmed_at_rps']:g} req/s "
+        f"(+{r['headroom']:.0%} headroom), ${r['cost_per_hour_usd']:,.2f}/hour (assumed $/GPU-h)"
+        + (f", ${r['cost_per_million_output_tokens_usd']:.2f} per million output tokens" if r.get("cost_per_million_output_tokens_usd") else ""),
     ]
-    for s in r.get("slo") or []:
-        ach = s.get("achieved")
-        lines.append(f"                {s['slo']}: {'-' if ach is None else f'{ach:,.1f}'} "
-                     f"({'met' if s['met'] else 'MISSED'})")
-    lines.append(f"                one replica fewer: SLOs {'met (!)' if r.get('one_fewer_replica_slo_met') else 'missed'}")
+    slo = r.get("slo") or []
+    if slo:
+        lines.append(f"                SLOs at {r['confirmed_at_rps']:g} req/s, {r.get('evidence_requests')} requests, "
+                     f"the first {WARMUP_FRACTION:.0%} left out as warm-up, {CONFIDENCE:.0%} intervals:")
+    for s in slo:
+        lines.append(f"                  {s['slo']}: {_achieved(s)} ({_verdict(s)})")
+    fewer = r.get("one_fewer_replica_slo")
+    if r["replicas"] > 1:
+        missed = [s["slo"] for s in fewer or [] if not s.get("met")]
+        lines.append(f"                one replica fewer ({r['replicas'] - 1}) at {r['confirmed_at_rps']:g} req/s: SLOs "
+                     + ("met (!)" if r.get("one_fewer_replica_slo_met") else
+                        "missed" + (f" ({', '.join(missed)})" if missed else " (unstable or whole-run SLO)")))
     if r.get("acceptance_basis"):
-        basis = r["acceptance_basis"]
-        lines.append("                acceptance: " + (basis if len(basis) <= 160 else basis[:157] + "..."))
+        lines += wrap.wrap("acceptance: " + r["acceptance_basis"])
     sb = r.get("speculation_by_batch")
     if sb:
         lines += ["                " + line for line in summary.speculation_lines(sb)]
@@ -526,6 +873,15 @@ def summary_text(p: PlanResult) -> str:
     if r["method"] != "none" and wo:
         lines.append(f"Without speculation the best is {wo['label']}: {wo['total_gpus']} GPUs "
                      f"(${wo['cost_per_hour_usd']:,.2f}/hour)" + (f", {wo['note']}" if wo.get("note") else ""))
+    if dep:
+        lines += ["", f"Deploy          {dep['servers']} server(s) of {dep['gpus_per_server']} {dep['gpu']} "
+                      f"({dep['gpus']} GPUs used, up to {dep['replicas_per_server']} TP{dep['tensor_parallel_size']} "
+                      f"replica(s) per server); {dep['replicas']} replica(s), each:",
+                  "  " + dep["vllm_serve"],
+                  f"Check one replica at its share, {dep['bench_rate_per_replica_rps']:.3g} req/s:",
+                  "  " + dep["vllm_bench_serve"]]
+        for note in dep.get("notes") or []:
+            lines += textwrap.wrap("(" + note + ")", width=110, initial_indent="  ", subsequent_indent="   ")
     runs = [c for c in r.get("comparison") or [] if c.get("metrics")]
     if len(runs) > 1:
         lines.append("")
@@ -535,10 +891,11 @@ def summary_text(p: PlanResult) -> str:
                                           else "overloaded") for c in runs]
         lines.append(f"{'deployment':28} " + " ".join(f"{x:>22}" for x in cells))
     lines.append("")
+    lines.append(f"replicas = ceil({r['confirmed_at_rps']:g} req/s / req/s per replica); basis: how that rate was found")
     lines.append(f"{'rank':>4}  {'candidate':44} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
     for i, c in enumerate([c for c in p.candidates if c["feasible"]][:15], 1):
         lines.append(f"{i:4d}  {c['label']:44} {c['max_rate_per_replica_rps']:13.2f} {c['replicas']:8d} "
-                     f"{c['total_gpus']:5d} {c['cost_per_hour_usd']:9.2f}  {'simulated' if c['simulated'] else 'analytic, rescaled'}")
+                     f"{c['total_gpus']:5d} {c['cost_per_hour_usd']:9.2f}  {c.get('basis', '')}")
     infeasible = [c for c in p.candidates if not c["feasible"]]
     lines.append(f"({len(p.candidates)} candidates, {len(infeasible)} infeasible; planned in {p.wall_time_s:.0f} s)")
     for c in infeasible[:5]:

@@ -1,0 +1,263 @@
+"""capacity plan (issue 18): a replica search that cannot give up on a feasible answer, margins
+confirmed at target × (1 + headroom), percentiles with their uncertainty, and the answer as a
+deployment (servers, `vllm serve` and `vllm bench serve` lines)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+
+import numpy as np
+import pytest
+import yaml
+
+from capacity.cli import main
+from capacity.inputs import scenario
+from capacity.sim import simulate
+from capacity.studies import plan
+
+SCENARIO = {
+    "name": "plan-search-test",
+    "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+    "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 100,
+                "classes": [{"name": "chat", "input_tokens": {"dist": "uniform", "low": 200, "high": 1200},
+                             "output_tokens": {"dist": "uniform", "low": 50, "high": 250}}]},
+    "slo": "ttft:p99<1s;tpot:p90<15ms",
+    "plan": {"target_rate_rps": 20, "headroom": 0.25, "simulate_top": 1, "requests_per_probe": 100,
+             "search": {"gpu": ["MI300X"], "tensor_parallel_size": [1], "speculative": [{"method": "none"}]}},
+}
+
+
+# ------------------------------------------------------------------------------ 1. the search
+@pytest.mark.parametrize("start,true_min,max_r", [(28, 21, 256), (28, 3, 256), (1, 40, 256), (5, 5, 256),
+                                                  (200, 1, 256), (7, 256, 256)])
+def test_replica_search_finds_the_boundary_from_any_start(start, true_min, max_r):
+    """From any starting estimate the search returns the fewest replicas that meet the SLOs, having
+    seen that count meet and one fewer miss, in a logarithmic number of simulations; stepping one
+    replica at a time from 28 down to 21 (the issue's case) took 8 adjustments and gave up."""
+    calls = []
+
+    def meets(r):
+        calls.append(r)
+        return r >= true_min
+
+    found, tried = plan.search_replicas(start, max_r, meets)
+    assert found == true_min
+    assert tried[found] is True and (found == 1 or tried[found - 1] is False)
+    assert len(calls) == len(set(calls))                      # each count simulated once
+    assert len(calls) <= 2 * math.ceil(math.log2(max_r)) + 2
+
+
+def test_replica_search_says_none_when_even_the_limit_misses():
+    found, tried = plan.search_replicas(3, 16, lambda r: False)
+    assert found is None and tried[16] is False
+
+
+@pytest.fixture(scope="module")
+def underestimated_plan(tmp_path_factory):
+    """The failure mode of the issue, cheaply: the single-replica probes only try 8 % of the
+    analytic rate, so the estimate starts at about ten times too many replicas and the old planner
+    (one replica fewer per adjustment, at most 8) could not come down to the answer."""
+    tmp = tmp_path_factory.mktemp("plan")
+    path = tmp / "plan.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    mp = pytest.MonkeyPatch()
+    mp.setattr(plan, "_PROBE_FACTORS", (0.08,))
+    try:
+        out = tmp / "out"
+        assert main(["plan", str(path), "--out", str(out)]) == 0
+    finally:
+        mp.undo()
+    return out
+
+
+def test_an_estimate_far_too_high_still_ends_at_the_confirmed_minimum(underestimated_plan):
+    p = json.loads((underestimated_plan / "plan.json").read_text())
+    rec = p["recommendation"]
+    tried = {int(k): v for k, v in rec["replicas_tried"].items()}
+    start = max(tried)
+    assert start - rec["replicas"] > 8                      # more than the old 8 adjustments away
+    assert rec["slo_met"] is True and tried[rec["replicas"]] is True
+    assert rec["replicas"] == 1 or tried[rec["replicas"] - 1] is False
+
+
+# ------------------------------------------------------------------------------ 2. margins that hold
+def test_recommendation_holds_at_target_times_headroom_and_one_fewer_misses(underestimated_plan):
+    """`capacity simulate` on recommended.yaml runs at target × (1 + headroom) and meets the SLOs
+    (the whole run, as simulate judges it, and in the steady state); one fewer replica, at the same
+    rate, misses under the plan's judgement."""
+    rec = json.loads((underestimated_plan / "plan.json").read_text())["recommendation"]
+    target = SCENARIO["plan"]["target_rate_rps"] * (1 + SCENARIO["plan"]["headroom"])
+    assert rec["confirmed_at_rps"] == pytest.approx(target)
+    sc = scenario.load(str(underestimated_plan / "recommended.yaml"))
+    assert sc.traffic.arrival.rate_rps == pytest.approx(target)
+    assert sc.deployment.replicas == rec["replicas"]
+    slos = plan.parse_slos(sc.slo)
+    res = simulate.run(sc)
+    assert res.metrics["slo_met"] is True
+    run = {"ok": True, "metrics": res.metrics, "requests": res.requests}
+    assert plan.judge(run, slos)["ok"] is True
+    if rec["replicas"] > 1:
+        fewer_sc = scenario.load(str(underestimated_plan / "one_fewer_replica.yaml"))
+        assert fewer_sc.traffic.arrival.rate_rps == pytest.approx(target)
+        assert fewer_sc.deployment.replicas == rec["replicas"] - 1
+        fewer = simulate.run(fewer_sc)
+        verdict = plan.judge({"ok": bool(fewer.metrics["slo_met"]) and fewer.stable, "metrics": fewer.metrics,
+                              "requests": fewer.requests}, slos)
+        assert verdict["ok"] is False
+
+
+def test_every_ranked_row_follows_from_its_rate_and_says_its_basis(underestimated_plan):
+    p = json.loads((underestimated_plan / "plan.json").read_text())
+    target = SCENARIO["plan"]["target_rate_rps"] * (1 + SCENARIO["plan"]["headroom"])
+    for c in [c for c in p["candidates"] if c["feasible"]]:
+        assert c["replicas"] == max(1, math.ceil(target / c["max_rate_per_replica_rps"] - 1e-9)), c["label"]
+        assert c["total_gpus"] == c["replicas"] * c["tensor_parallel_size"]
+        basis = c["basis"]
+        if c["confirmed"]:
+            assert basis.startswith("confirmed:") and "simulated" in basis
+        elif c["simulated"]:
+            assert basis.startswith("simulated: one replica")
+        else:
+            assert basis.startswith("analytic") and "not simulated" in basis
+
+
+def test_the_written_scenario_describes_what_it_deploys(underestimated_plan):
+    rec = json.loads((underestimated_plan / "plan.json").read_text())["recommendation"]
+    text = yaml.safe_load((underestimated_plan / "recommended.yaml").read_text())["description"]
+    assert f"{rec['replicas']} replicas × MI300X TP1" in text and "no speculation" in text
+    assert f"{rec['confirmed_at_rps']:g} req/s" in text
+
+
+# ------------------------------------------------------------------------------ 3. percentiles
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(0, k + 1))
+
+
+@pytest.mark.parametrize("n,q", [(1000, 99.0), (400, 90.0), (57, 50.0)])
+def test_percentile_interval_is_the_binomial_order_statistic_interval(n, q):
+    """The interval is [x_(l), x_(u)] with l the smallest rank whose Binomial(n, q) CDF reaches
+    2.5 % and u − 1 the smallest whose CDF reaches 97.5 %; computed here from the binomial sum."""
+    x = np.random.default_rng(1).lognormal(size=n)
+    p = q / 100
+    l = next(k for k in range(n + 1) if _binomial_cdf(k, n, p) >= 0.025)
+    u = next(k for k in range(n + 1) if _binomial_cdf(k, n, p) >= 0.975) + 1
+    srt = np.sort(x)
+    lo, hi = plan.percentile_interval(x, q)
+    assert lo == srt[max(l, 1) - 1] and hi == srt[min(u, n) - 1]
+    # its coverage, P(l <= B < u), is at least 95 %
+    assert _binomial_cdf(u - 1, n, p) - _binomial_cdf(l - 1, n, p) >= 0.95
+
+
+def test_judgement_leaves_out_the_warm_up_and_gives_margin_and_interval():
+    """A hand-made run: the first tenth of arrivals is slow (warm-up); the steady-state p90 TPOT is
+    the requests after them, and the margin is (threshold − achieved) / threshold."""
+    import pandas as pd
+
+    n = 200
+    arrival = np.arange(n, dtype=float)
+    ttft = np.full(n, 0.1)
+    ttft[:20] = 5.0                          # warm-up requests: far over the 1 s TTFT SLO
+    out = np.full(n, 11)
+    tpot = np.linspace(0.008, 0.012, n)      # s per token
+    req = pd.DataFrame({"arrival_s": arrival, "first_token_s": arrival + ttft,
+                        "finish_s": arrival + ttft + tpot * (out - 1), "output_tokens": out,
+                        "prompt_tokens": np.full(n, 100), "first_scheduled_s": arrival,
+                        "num_preemptions": np.zeros(n, int)})
+    for col in ("request_id", "class_name"):
+        req[col] = range(n) if col == "request_id" else "chat"
+    verdict = plan.judge({"ok": True, "metrics": {"slo": []}, "requests": req}, plan.parse_slos("ttft:p99<1s;tpot:p90<15ms"))
+    ttft_row, tpot_row = verdict["slo"]
+    assert verdict["steady_requests"] == n - 20
+    assert ttft_row["met"] and ttft_row["achieved"] == pytest.approx(100.0)
+    steady_tpot = tpot[20:] * 1000
+    assert tpot_row["achieved"] == pytest.approx(np.percentile(steady_tpot, 90))
+    assert tpot_row["margin"] == pytest.approx((15 - np.percentile(steady_tpot, 90)) / 15)
+    lo, hi = tpot_row["interval"]
+    assert lo <= tpot_row["achieved"] <= hi
+    assert tpot_row["margin_pm"] == pytest.approx((hi - lo) / 2 / 15)
+    assert plan._verdict(tpot_row).startswith("met, margin ") and " ± " in plan._verdict(tpot_row)
+
+
+def test_evidence_runs_are_long_enough_for_p99():
+    slos = plan.parse_slos("ttft:p99<1s;tpot:p90<15ms")
+    n = plan.evidence_requests(slos, 2, 300)
+    assert n * (1 - plan.WARMUP_FRACTION) >= 1000
+    assert plan.evidence_requests(plan.parse_slos("tpot:p90<15ms"), 1, 50) * (1 - plan.WARMUP_FRACTION) >= 100
+
+
+# ------------------------------------------------------------------------------ 4. the deployment
+# vLLM's method names (vllm/config/speculative.py SpeculativeMethod / EagleModelTypes, and
+# DSpark in the stored vLLM of capacity/data/methods.yaml).
+VLLM_METHODS = {"ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle", "eagle3", "mtp",
+                "dflash", "dspark"}
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_deployment_has_servers_and_a_vllm_serve_line(underestimated_plan):
+    p = json.loads((underestimated_plan / "plan.json").read_text())
+    dep = p["recommendation"]["deployment"]
+    assert p["servers"] == dep["servers"] and p["vllm_serve"] == dep["vllm_serve"]
+    assert dep["gpus_per_server"] == 8                    # an 8-GPU MI300X platform
+    assert dep["servers"] == math.ceil(dep["gpus"] / 8)
+    argv = shlex.split(dep["vllm_serve"])
+    assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
+    tp = int(_flag(argv, "--tensor-parallel-size"))
+    assert dep["gpus_per_server"] % tp == 0
+    assert int(_flag(argv, "--max-num-seqs")) == 1024 and int(_flag(argv, "--max-num-batched-tokens")) == 8192
+    assert "--speculative-config" not in argv            # speculation off
+    bench = shlex.split(p["vllm_bench_serve"])
+    assert bench[:3] == ["vllm", "bench", "serve"]
+    assert float(_flag(bench, "--request-rate")) == pytest.approx(
+        p["recommendation"]["confirmed_at_rps"] / p["recommendation"]["replicas"], rel=1e-2)
+    goodput = bench[bench.index("--goodput") + 1:bench.index("--save-result")]
+    assert goodput == ["ttft:1000", "tpot:15"]            # vLLM's --goodput: KEY:VALUE in ms
+
+
+@pytest.mark.parametrize("method,n,model,draft", [
+    ("dspark", 7, "google/gemma-4-31B-it", "RedHatAI/gemma-4-31B-it-speculator.dspark"),
+    ("eagle3", 3, "google/gemma-4-31B-it", "RedHatAI/gemma-4-31B-it-speculator.eagle3"),
+    ("gemma4_mtp", 3, "google/gemma-4-31B-it", "google/gemma-4-31B-it-assistant"),
+    ("dflash", 15, "google/gemma-4-31B-it", "z-lab/gemma-4-31B-it-DFlash"),
+    ("mtp", 3, "Qwen/Qwen3.5-27B", None),
+    ("ngram", 4, "meta-llama/Llama-3.1-8B", None),
+])
+def test_speculative_config_is_vllms_json(method, n, model, draft):
+    """The --speculative-config JSON has vLLM's keys and method names: Gemma 4's assistant runs as
+    method "mtp" with the assistant as "model" (seed article's serve commands), native MTP and
+    n-gram name no model."""
+    cfg = plan.speculative_config(method, n, model, None)
+    back = json.loads(json.dumps(cfg))
+    assert set(back) <= {"method", "model", "num_speculative_tokens"}
+    assert back["method"] in VLLM_METHODS and back["num_speculative_tokens"] == n
+    assert back.get("model") == draft
+    assert plan.speculative_config("none", 0, model, None) is None
+
+
+def test_the_default_plans_serve_line_matches_its_recommendation(tmp_path):
+    """On a speculative plan, the --speculative-config parsed from the serve line is the
+    recommendation's method, draft and N (a small gemma-4 search)."""
+    data = json.loads(json.dumps(SCENARIO))
+    data["deployment"]["model"] = "google/gemma-4-31B-it"
+    data["slo"] = "ttft:p99<2s;tpot:p90<20ms"
+    data["plan"].update({"target_rate_rps": 3, "headroom": 0.0})
+    data["plan"]["search"]["speculative"] = [{"method": "gemma4_mtp", "num_speculative_tokens": [3],
+                                              "acceptance": {"dataset": "chat"}}]
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["plan", str(path), "--out", str(out)]) == 0
+    p = json.loads((out / "plan.json").read_text())
+    rec = p["recommendation"]
+    argv = shlex.split(p["vllm_serve"])
+    cfg = json.loads(_flag(argv, "--speculative-config"))
+    assert cfg == {"method": "mtp", "model": "google/gemma-4-31B-it-assistant",
+                   "num_speculative_tokens": rec["num_speculative_tokens"]}
+    assert int(_flag(argv, "--tensor-parallel-size")) == rec["tensor_parallel_size"]
+    written = yaml.safe_load((out / "recommended.yaml").read_text())
+    assert written["speculative"]["method"] == "gemma4_mtp"
+    assert "gemma4_mtp N=3" in written["description"]
