@@ -261,3 +261,43 @@ def test_the_default_plans_serve_line_matches_its_recommendation(tmp_path):
     written = yaml.safe_load((out / "recommended.yaml").read_text())
     assert written["speculative"]["method"] == "gemma4_mtp"
     assert "gemma4_mtp N=3" in written["description"]
+
+
+def test_the_plan_report_shows_the_deployment_and_the_margins(underestimated_plan):
+    from capacity.report import build
+
+    rep = build.build_report(underestimated_plan)
+    text = "\n".join(rep.summary)
+    assert "Deployment: " in text and "vllm serve meta-llama/Llama-3.1-8B" in text
+    assert "Check one replica: vllm bench serve" in text
+    assert "(target × (1 + headroom))" in text and "met, margin " in text and " ± " in text
+
+
+def test_replica_search_never_simulates_below_a_known_miss():
+    calls = []
+    found, tried = plan.search_replicas(6, 64, lambda r: calls.append(r) or r >= 6, known_miss=5)
+    assert found == 6 and calls == [6]
+    found, _ = plan.search_replicas(6, 64, lambda r: r >= 11, known_miss=5)
+    assert found == 11
+
+
+# ------------------------------------------------------------------------------ 5. what decides it
+def test_the_plan_names_what_it_is_for_and_replans_the_what_ifs(underestimated_plan):
+    p = json.loads((underestimated_plan / "plan.json").read_text())
+    rec = p["recommendation"]
+    ctx = rec["context"]
+    assert ctx["model"] == "meta-llama/Llama-3.1-8B" and ctx["precision"] == "bf16"
+    assert "poisson" in ctx["traffic"] and ctx["binding_slo"] in {s["slo"] for s in rec["slo"]}
+    assert ctx["binding_margin"] == min(s["margin"] for s in rec["slo"])
+    sens = {row["what_if"]: row for row in p["sensitivity"]}
+    assert list(sens) == ["acceptance −10 %", "acceptance −20 %", "acceptance −30 %", "traffic × 1.5", "traffic × 2"]
+    assert all(sens[k]["gpus"] == rec["total_gpus"] and "no speculation" in sens[k]["note"]
+               for k in list(sens)[:3])
+    target = rec["confirmed_at_rps"]
+    for k, f in (("traffic × 1.5", 1.5), ("traffic × 2", 2.0)):
+        row = sens[k]
+        assert row["rate_rps"] == pytest.approx(target * f)
+        tried = {int(r): v for r, v in row["replicas_tried"].items()}
+        assert tried[row["replicas"]] is True                          # found by simulation
+        assert row["replicas"] - 1 < rec["replicas"] or tried[row["replicas"] - 1] is False
+    assert rec["total_gpus"] <= sens["traffic × 1.5"]["gpus"] <= sens["traffic × 2"]["gpus"]

@@ -42,6 +42,7 @@ from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 from capacity.sim.summary import speculation_lines
 from capacity.spec.decoding import build_speculation
+from capacity.util.text import quote
 
 KINDS = (
     ("plan", ("plan.json",)),
@@ -82,9 +83,9 @@ def detect_kind(folder: Path) -> str:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise CapacityError(f"{path}: not readable JSON ({str(e).splitlines()[0]})") from None
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise CapacityError(f"{path}: not readable JSON ({quote((str(e).splitlines() or [type(e).__name__])[0])})") from None
 
 
 def _read_csv(path: Path) -> pd.DataFrame:
@@ -334,6 +335,15 @@ def _headroom(rec: dict[str, Any]) -> float:
     return h if math.isfinite(h) and h > 0 else 0.0
 
 
+def _plan_verdict(s: dict) -> str:
+    """'met, margin 12 % ± 4 %' (older plan.json files: 'met' / 'MISSED')."""
+    word = "met" if s.get("met") else "MISSED"
+    if not isinstance(s.get("margin"), (int, float)):
+        return word
+    pm = s.get("margin_pm")
+    return f"{word}, margin {s['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if isinstance(pm, (int, float)) else "")
+
+
 def _load_plan(folder: Path) -> Report:
     plan = _read_json(folder / "plan.json")
     if not isinstance(plan, dict):
@@ -352,9 +362,17 @@ def _load_plan(folder: Path) -> Report:
                            f"${_f(rec.get('cost_per_million_output_tokens_usd'), '{:,.3f}')} per million output tokens")
         slo = rec.get("slo")
         if slo:
-            rep.summary.append("SLOs: " + "; ".join(
-                (f"{s.get('slo')} → {_f(s.get('achieved'))} {'met' if s.get('met') else 'MISSED'}" if isinstance(s, dict)
+            at = f" at {_f(rec.get('confirmed_at_rps'), '{:g}')} req/s (target × (1 + headroom))" if rec.get("confirmed_at_rps") else ""
+            rep.summary.append(f"SLOs{at}: " + "; ".join(
+                (f"{s.get('slo')} → {_f(s.get('achieved'))} {_plan_verdict(s)}" if isinstance(s, dict)
                  else str(s)) for s in (slo if isinstance(slo, list) else [slo])))
+        dep = rec.get("deployment")
+        if isinstance(dep, dict) and dep.get("servers"):
+            rep.summary.append(f"Deployment: {dep.get('servers')} server(s) of {dep.get('gpus_per_server')} {dep.get('gpu')} "
+                               f"({dep.get('gpus')} GPUs, {dep.get('replicas')} replica(s) of TP{dep.get('tensor_parallel_size')}); "
+                               f"each replica: {dep.get('vllm_serve')}")
+            if dep.get("vllm_bench_serve"):
+                rep.summary.append(f"Check one replica: {dep['vllm_bench_serve']}")
         if rec.get("acceptance_basis"):
             rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
         if isinstance(rec.get("speculation_by_batch"), dict):
@@ -411,7 +429,13 @@ LOADERS = {"plan": _load_plan, "sweep": _load_sweep, "validate": _load_validate,
 
 def build_report(folder: str | Path) -> Report:
     folder = Path(folder)
-    return LOADERS[detect_kind(folder)](folder)
+    kind = detect_kind(folder)
+    try:
+        return LOADERS[kind](folder)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError, OverflowError) as e:
+        # a file of the right name whose content is not what `capacity KIND --out` writes (edited, truncated, other tool)
+        raise CapacityError(f"{folder}: its {kind} result files are not as `capacity {kind} --out` writes them "
+                            f"({type(e).__name__}: {quote(str(e))}); re-run capacity {kind} with --out") from None
 
 
 # ---------------------------------------------------------------------------------- HTML

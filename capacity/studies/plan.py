@@ -245,6 +245,7 @@ class PlanResult:
                 # the answer as something to deploy (also under recommendation.deployment)
                 "servers": dep.get("servers"), "vllm_serve": dep.get("vllm_serve"),
                 "vllm_bench_serve": dep.get("vllm_bench_serve"),
+                "sensitivity": self.recommendation.get("sensitivity"),
                 "candidates": self.candidates, "evidence": self.evidence,
                 "wall_time_s": self.wall_time_s}
 
@@ -429,16 +430,25 @@ def percentile_interval(values: np.ndarray, q: float, confidence: float = CONFID
     Binomial(n, q/100) CDF, which cover the true percentile with probability ≥ confidence
     (the number of samples below it is Binomial(n, q/100)). None for no samples; a rank off
     either end is clamped to the extreme sample."""
-    from scipy.stats import binom
-
     x = np.sort(np.asarray(values, dtype=float))
     n = x.size
     if n == 0:
         return None
     a = (1.0 - confidence) / 2.0
-    lo = int(binom.ppf(a, n, q / 100.0))
-    hi = int(binom.ppf(1.0 - a, n, q / 100.0)) + 1
+    cdf = _binomial_cdf(n, q / 100.0)
+    lo = int(np.searchsorted(cdf, a - 1e-12))             # the smallest k with F(k) >= α/2
+    hi = int(np.searchsorted(cdf, 1.0 - a - 1e-12)) + 1   # the smallest k with F(k) >= 1 − α/2, plus one
     return float(x[min(max(lo, 1), n) - 1]), float(x[min(max(hi, 1), n) - 1])
+
+
+def _binomial_cdf(n: int, p: float) -> np.ndarray:
+    """F(k) = P(Binomial(n, p) <= k) for k = 0..n, from log-space probabilities (no scipy)."""
+    k = np.arange(n + 1, dtype=float)
+    if p <= 0.0 or p >= 1.0:
+        return (k >= (0 if p <= 0.0 else n)).astype(float)
+    lg = np.array([math.lgamma(i + 1.0) for i in range(n + 1)])
+    logpmf = lg[n] - lg - lg[::-1] + k * math.log(p) + (n - k) * math.log1p(-p)
+    return np.minimum(np.cumsum(np.exp(logpmf)), 1.0)
 
 
 def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
@@ -489,12 +499,13 @@ def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
             "confidence": CONFIDENCE}
 
 
-def search_replicas(start: int, max_replicas: int, meets) -> tuple[int | None, dict[int, bool]]:
+def search_replicas(start: int, max_replicas: int, meets, known_miss: int = 0) -> tuple[int | None, dict[int, bool]]:
     """The fewest replicas r in [1, max_replicas] with meets(r), assuming more replicas never hurt:
     from `start`, bracket by doubling steps (up while it misses, down while it meets), then bisect,
     so meets(r) is true and meets(r − 1) false (or r = 1), each evaluated once. (None, tried) when
     even max_replicas misses. No step limit: the bracket reaches 1 or max_replicas in
-    log2(max_replicas) steps."""
+    log2(max_replicas) steps. `known_miss`: a count already known to miss (e.g. one fewer than
+    the recommendation, for a what-if that can only need more), never simulated again."""
     tried: dict[int, bool] = {}
 
     def at(r: int) -> bool:
@@ -502,13 +513,14 @@ def search_replicas(start: int, max_replicas: int, meets) -> tuple[int | None, d
             tried[r] = bool(meets(r))
         return tried[r]
 
-    r = min(max(int(start), 1), max_replicas)
-    lo, hi, step = 0, None, 1            # lo: most replicas known to miss (0: none deployed)
+    floor = max(int(known_miss), 0)
+    r = min(max(int(start), floor + 1), max_replicas)
+    lo, hi, step = floor, None, 1        # lo: most replicas known to miss (0: none deployed)
     if at(r):
         hi = r
-        while hi - step >= 1 and at(hi - step):
+        while hi - step > floor and at(hi - step):
             hi, step = hi - step, step * 2
-        lo = max(hi - step, 0) if hi - step >= 1 else 0
+        lo = hi - step if hi - step > floor else floor
     else:
         lo = r
         while hi is None:
@@ -528,8 +540,9 @@ def search_replicas(start: int, max_replicas: int, meets) -> tuple[int | None, d
     return hi, tried
 
 
-def _evidence(st: _Setup, c: Candidate, replicas: int, n_req: int, explain: bool = False) -> dict[str, Any]:
-    r = _simulate(candidate_scenario(st.base, c, st.target, replicas, n_req), explain=explain)
+def _evidence(st: _Setup, c: Candidate, replicas: int, n_req: int, explain: bool = False,
+              rate: float | None = None) -> dict[str, Any]:
+    r = _simulate(candidate_scenario(st.base, c, st.target if rate is None else rate, replicas, n_req), explain=explain)
     r["judgement"] = judge(r, st.slos)
     r["ok_plan"] = r["judgement"]["ok"]
     return r
@@ -565,6 +578,72 @@ def _confirm(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any] | No
                   + (f", {replicas - 1} miss" if replicas > 1 else ""))
     return {"recommended": runs[replicas], "one_fewer_replica": runs.get(replicas - 1),
             "replicas_tried": {int(k): v for k, v in sorted(tried.items())}}
+
+
+# What-ifs the plan answers by searching again (not by extrapolation): acceptance lower by 10, 20
+# and 30 % (speculative.acceptance.rate_scale, every conditional rate) and traffic × 1.5 and × 2.
+SENSITIVITY = (("acceptance", 0.9), ("acceptance", 0.8), ("acceptance", 0.7), ("traffic", 1.5), ("traffic", 2.0))
+
+
+def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, Any]]:
+    """GPUs the recommended configuration needs under each what-if of SENSITIVITY: the same replica
+    search and SLO judgement as the recommendation, at target × (1 + headroom) × the traffic factor,
+    from the recommendation's per-replica rate."""
+    rows = []
+    for kind, k in SENSITIVITY:
+        label = f"acceptance −{(1 - k) * 100:.0f} %" if kind == "acceptance" else f"traffic × {k:g}"
+        if kind == "acceptance" and best.method == "none":
+            rows.append({"what_if": label, "gpus": best.total_gpus, "replicas": best.replicas,
+                         "note": "no speculation: acceptance does not enter"})
+            continue
+        c, rate = best, st.target
+        if kind == "acceptance":
+            acc = dict(best.spec.get("acceptance") or {})
+            acc["rate_scale"] = float(acc.get("rate_scale", 1.0)) * k
+            c = dataclasses.replace(best, spec={**best.spec, "acceptance": acc})
+        else:
+            rate = st.target * k
+        start = max(1, math.ceil(rate / best.max_rate_per_replica_rps - 1e-9))
+        runs: dict[int, bool] = {}
+
+        def meets(r: int, c=c, rate=rate, label=label) -> bool:
+            prog.update(f"what if {label}: {c.label} × {r} replicas at {rate:g} req/s")
+            return bool(_evidence(st, c, r, evidence_requests(st.slos, r, st.cfg.requests_per_probe), rate=rate)["ok_plan"])
+
+        # less acceptance or more traffic never needs fewer replicas: one fewer than now misses
+        replicas, tried = search_replicas(max(start, best.replicas), st.cfg.max_replicas, meets,
+                                          known_miss=best.replicas - 1)
+        rows.append({"what_if": label, "rate_rps": rate, "replicas": replicas,
+                     "gpus": None if replicas is None else replicas * best.tensor_parallel_size,
+                     "replicas_tried": {int(r): v for r, v in sorted(tried.items())},
+                     "note": None if replicas is not None else f"misses even at plan.max_replicas = {st.cfg.max_replicas}"})
+    return rows
+
+
+def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
+    """What the answer is for and what decides it: model and precision, traffic shape, the binding
+    SLO (the smallest steady-state margin at the recommendation) and the acceptance basis in words."""
+    sc = scenario_mod.from_dict({k: v for k, v in st.base.items() if k != "plan"}, "plan")
+    dep = simulate.deploy(scenario_mod.from_dict(candidate_scenario(st.base, best, st.target, 1, 10), "plan"))
+    shape = (f"{sc.traffic.arrival.process} arrivals at {st.cfg.target_rate_rps:g} req/s (sized for "
+             f"{st.target:g}), prompts {st.mean_prompt:,.0f} tokens and outputs {st.mean_output:,.0f} tokens on "
+             f"average (p99 prompt {st.p99_prompt:,.0f})")
+    judged = [s for s in rec.get("slo") or [] if s.get("margin") is not None]
+    binding = min(judged, key=lambda s: s["margin"], default=None)
+    basis = rec.get("acceptance_basis") or ""
+    if best.method == "none":
+        sentence = "No speculation: the answer does not depend on a drafter's acceptance."
+    else:
+        where = ("not measured on this model: carried over from the drafter's measurements on other targets"
+                 if "not measured" in basis else "measured on this model (the seed article's profile)")
+        scaled = " and scaled from math and code benchmarks to chat (an assumed ratio)" if "chat derived" in basis else ""
+        sentence = (f"{best.method} N={best.num_speculative_tokens}'s acceptance on {sc.deployment.model} is {where}"
+                    f"{scaled}; the GPU count rests on it (see the what-ifs).")
+    return {"model": sc.deployment.model, "precision": dep.model.weight_precision,
+            "kv_cache_dtype": sc.deployment.kv_cache_dtype, "traffic": shape,
+            "binding_slo": None if binding is None else binding["slo"],
+            "binding_margin": None if binding is None else binding["margin"],
+            "acceptance_in_words": sentence}
 
 
 def _rank_key(c: Candidate) -> tuple:
@@ -640,12 +719,14 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     at_target = evidence["recommended"] if st.target == st.cfg.target_rate_rps and n_table == n_conf else \
         _simulate(candidate_scenario(st.base, best, st.cfg.target_rate_rps, best.replicas, n_table))
     comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_table, at_target, prog)
-    prog.close()
     rec = _recommendation(st, best, ranked, evidence, comparison)
     replicas = best.replicas
     rec_sc = candidate_scenario(st.base, best, st.target, replicas, n_conf)
     fewer_sc = candidate_scenario(st.base, best, st.target, replicas - 1, n_conf) if replicas > 1 else None
     rec["deployment"] = deployment(st, best, rec_sc)
+    rec["context"] = context(st, best, rec)
+    rec["sensitivity"] = sensitivity(st, best, prog)
+    prog.close()
     rec_sc["description"] = _describe(rec, st)
     if fewer_sc is not None:
         fewer_sc["description"] = (f"One replica fewer than the plan's recommendation ({replicas - 1} × {best.label}) "
@@ -852,6 +933,10 @@ def summary_text(p: PlanResult) -> str:
         f"(+{r['headroom']:.0%} headroom), ${r['cost_per_hour_usd']:,.2f}/hour (assumed $/GPU-h)"
         + (f", ${r['cost_per_million_output_tokens_usd']:.2f} per million output tokens" if r.get("cost_per_million_output_tokens_usd") else ""),
     ]
+    ctx = r.get("context") or {}
+    if ctx:
+        lines += wrap.wrap(f"for {ctx['model']} ({ctx['precision']} weights, {ctx['kv_cache_dtype']} KV cache), "
+                           f"{ctx['traffic']}")
     slo = r.get("slo") or []
     if slo:
         lines.append(f"                SLOs at {r['confirmed_at_rps']:g} req/s, {r.get('evidence_requests')} requests, "
@@ -864,8 +949,18 @@ def summary_text(p: PlanResult) -> str:
         lines.append(f"                one replica fewer ({r['replicas'] - 1}) at {r['confirmed_at_rps']:g} req/s: SLOs "
                      + ("met (!)" if r.get("one_fewer_replica_slo_met") else
                         "missed" + (f" ({', '.join(missed)})" if missed else " (unstable or whole-run SLO)")))
+    if ctx.get("binding_slo"):
+        lines.append(f"                binding SLO: {ctx['binding_slo']} (the smallest margin, {ctx['binding_margin'] * 100:.0f} %)")
+    if ctx.get("acceptance_in_words"):
+        lines += wrap.wrap("what decides it: " + ctx["acceptance_in_words"])
+    sens = r.get("sensitivity") or []
+    if sens:
+        cells = [f"{x['what_if']}: " + (f"{x['gpus']} GPUs" if x.get("gpus") is not None else "none fits")
+                 for x in sens]
+        lines += wrap.wrap(f"what if (re-planned, same configuration): {'; '.join(cells)} "
+                           f"(now {r['total_gpus']} GPUs)")
     if r.get("acceptance_basis"):
-        lines += wrap.wrap("acceptance: " + r["acceptance_basis"])
+        lines += wrap.wrap("acceptance basis: " + r["acceptance_basis"])
     sb = r.get("speculation_by_batch")
     if sb:
         lines += ["                " + line for line in summary.speculation_lines(sb)]
