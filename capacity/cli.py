@@ -340,12 +340,37 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Option values argparse's types let through but no command can use (one line each)."""
+    def whole(name: str, low: int, high: int, flag: str) -> None:
+        value = getattr(args, name, None)
+        if value is not None and not low <= value <= high:
+            raise CapacityError(f"{flag} {value}: give a whole number from {low} to {high:,}")
+    whole("seed", 0, 2**63 - 1, "--seed")
+    whole("workers", 1, 1024, "--workers")
+    whole("tp", 1, 64, "--tp")
+    whole("max_rows", 1, 10**9, "--max-rows")
+    whole("rounds", 1, 20, "--rounds")
+    out = getattr(args, "out", None)
+    if out is not None:
+        path = Path(out)
+        try:
+            folder = args.command in ("simulate", "plan", "validate", "sweep")
+            if folder and path.exists() and not path.is_dir():
+                raise CapacityError(f"--out {out}: a file of that name exists; give a folder (new or existing)")
+            if not folder and path.is_dir():
+                raise CapacityError(f"--out {out}: a folder of that name exists; give a file name")
+        except OSError as exc:   # e.g. a name too long for the file system
+            raise CapacityError(f"--out: cannot use that path ({exc.strerror or exc}); give a shorter one") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "measurements_opt", None):
         args.measurements = list(args.measurements) + args.measurements_opt
     try:
+        check_options(args)
         return int(args.func(args) or 0)
     except CapacityError as e:
         fresh_line = "\r\033[K" if sys.stderr.isatty() else ""      # past a progress line being rewritten

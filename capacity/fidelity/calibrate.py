@@ -527,6 +527,14 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
     `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
     """
+    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= 20):
+        raise CapacityError(f"--rounds {rounds}: give a whole number from 1 to 20 (default: 1 or 2)")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise CapacityError(f"--workers {workers}: give a whole number >= 1")
+    if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
+        raise CapacityError(f"max_rows {max_rows}: give a whole number >= 1")
+    if not (isinstance(prior_weight, (int, float)) and math.isfinite(prior_weight) and prior_weight >= 0):
+        raise CapacityError(f"--prior-weight {prior_weight}: give a finite number >= 0 (0: no prior)")
     profile = load_gpu(gpu)
     if not 0.0 <= holdout < 1.0:
         raise CapacityError(f"--holdout {holdout}: give a fraction in [0, 1), e.g. 0.25")

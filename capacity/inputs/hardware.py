@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
+from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
                    "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "spec_seq_overhead_us",
@@ -412,7 +413,6 @@ class _ProfileModel(BaseModel):
 # Helpers
 
 
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available: same result, faster
 
 
 _TRANSFER_SOURCES: dict[str, tuple[str, int, int]] = {}
@@ -437,15 +437,7 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
     """Profiles are immutable; re-read only when the file changes (sweeps load them thousands of times)."""
     path = Path(path_str)
     where = f"hw profile {path}"
-    try:
-        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise CapacityError(f"{where}: not valid YAML{at} ({problem}); fix the syntax ({_SCHEMA_HINT})") from exc
-    except OSError as exc:
-        raise CapacityError(f"{where}: cannot read the file ({exc.strerror or exc}); check the path") from exc
+    raw = safe_yaml.load_file(path, "hw profile")   # bounded aliases and depth; bad YAML/UTF-8: one line
     if not isinstance(raw, dict):
         raise CapacityError(f"{where}: expected a mapping of keys at the top level, got {type(raw).__name__}; {_SCHEMA_HINT}")
     try:

@@ -11,14 +11,46 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import math
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capacity.errors import CapacityError
 from capacity.paths import scenarios_dir
 from capacity.inputs.traffic import TrafficConfig
+from capacity.inputs import safe_yaml
+from capacity.util.text import quote
 
 DEFAULT_SCENARIO = "default"
+MAX_SPEC_TOKENS = 64      # drafts per step: published configurations use at most 16 (DFlash); beyond 64 is a typo
+MAX_NAME_BYTES = 255      # one path component (file systems refuse longer names)
+MAX_PATH_BYTES = 4096
+
+
+def _check_name(value: str | None) -> str | None:
+    """A model/GPU/draft name or path the file system can look up (no component over 255 bytes)."""
+    if value is None:
+        return value
+    raw = value.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_PATH_BYTES or any(len(part) > MAX_NAME_BYTES for part in raw.split(b"/")):
+        raise ValueError(f"a name of {len(raw)} bytes (at most {MAX_NAME_BYTES} per path component); give a "
+                         f"Hugging Face id, a shipped name or a file path")
+    if "\x00" in value:
+        raise ValueError("a name with a NUL character; give a Hugging Face id, a shipped name or a file path")
+    return value
+
+
+def _check_finite(value: Any, where: str = "") -> Any:
+    """Free-form mappings (plan, overrides, acceptance, policy, gpu_overrides) hold no inf or NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where or 'value'} is {value}; give a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, f"{where}[{i}]")
+    return value
 
 
 class _Strict(BaseModel):
@@ -42,6 +74,9 @@ class Deployment(_Strict):
         "least_outstanding", description="how requests are spread over replicas: in turn, or to the replica with the "
                                          "fewest unfinished requests (ties: the lowest index)")
     gpu_overrides: dict[str, Any] = Field(default_factory=dict, description="e.g. {efficiency: {gemm: 0.6}, cost_per_gpu_hour_usd: 2.5}")
+
+    _names = field_validator("gpu", "model")(_check_name)
+    _finite = field_validator("gpu_overrides")(_check_finite)
 
 
 class Engine(_Strict):
@@ -74,8 +109,9 @@ class Speculative(_Strict):
 
     method: str = Field("none", description="drafting method of capacity/data/methods.yaml (`capacity methods`), or "
                                             "none; other spellings such as EAGLE-3 are accepted")
-    num_speculative_tokens: int = Field(0, ge=0, description="drafted tokens N per verification step (vLLM's "
-                                                             "num_speculative_tokens); 0 = speculation off")
+    num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPEC_TOKENS,
+                                        description="drafted tokens N per verification step (vLLM's "
+                                                    "num_speculative_tokens); 0 = speculation off")
     draft: str | None = Field(None, description="draft checkpoint id or config.json path; default: the method's "
                                                 "default draft for the target (methods.yaml); mtp and ngram take none")
     acceptance: dict[str, Any] | None = Field(None, description="how many drafts are accepted; default: the seed "
@@ -83,11 +119,22 @@ class Speculative(_Strict):
     policy: dict[str, Any] | None = Field(None, description="how many tokens to draft each step; default: always N")
     overrides: dict[str, Any] | None = Field(None, description="method cost parameters, e.g. {draft_pass_overhead_us: 80}")
 
+    _names = field_validator("draft")(_check_name)
+    _finite = field_validator("acceptance", "policy", "overrides")(_check_finite)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_bounds(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        max_n = (value or {}).get("max_n")
+        if isinstance(max_n, int) and not isinstance(max_n, bool) and max_n > MAX_SPEC_TOKENS:
+            raise ValueError(f"max_n is {max_n}; use at most {MAX_SPEC_TOKENS} drafted tokens")
+        return value
+
 
 class Simulation(_Strict):
     """How the simulation itself runs."""
 
-    seed: int = Field(0, description="seed of every random draw (arrivals, lengths, class mix, acceptance): "
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="seed of every random draw (arrivals, lengths, class mix, acceptance): "
                                      "the same seed gives the same result")
     max_sim_time_s: float | None = Field(None, gt=0, description="stop the clock here; default: last arrival × 1.5 + 300 s")
 
@@ -95,7 +142,7 @@ class Simulation(_Strict):
 class Scenario(_Strict):
     """A whole scenario file."""
 
-    name: str = Field("scenario", description="a short name, used in reports and output folders")
+    name: str = Field("scenario", max_length=MAX_NAME_BYTES, description="a short name, used in reports and output folders")
     description: str = Field("", description="one line saying what the scenario is")
     deployment: Deployment = Field(description="what is deployed")
     engine: Engine = Field(default_factory=Engine, description="vLLM engine arguments")
@@ -106,69 +153,73 @@ class Scenario(_Strict):
     simulation: Simulation = Field(default_factory=Simulation, description="seed and horizon")
     plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/studies/plan.py)")
 
+    _finite = field_validator("plan")(_check_finite)
+
 
 def resolve_path(name_or_path: str | None) -> Path:
     """A shipped scenario name (a file stem of scenarios/, e.g. 'default') or a path to a YAML file."""
     if name_or_path is None:
         name_or_path = DEFAULT_SCENARIO
     path = Path(name_or_path)
-    if path.is_file():
-        return path
-    shipped = scenarios_dir() / f"{name_or_path}.yaml"
-    if shipped.is_file():
-        return shipped
+    try:
+        if path.is_file():
+            return path
+        shipped = scenarios_dir() / f"{name_or_path}.yaml"
+        if shipped.is_file():
+            return shipped
+    except (OSError, ValueError):     # a name too long for the file system, or with a NUL byte
+        pass
     known = sorted(p.stem for p in scenarios_dir().glob("*.yaml"))
-    raise CapacityError(f"scenario '{name_or_path}' not found: give a YAML path or one of: {', '.join(known)}")
+    raise CapacityError(f"scenario '{quote(name_or_path)}' not found: give a YAML path or one of: {', '.join(known)}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply `dotted.key=value` overrides; the value is parsed as YAML (numbers, lists, ...)."""
     for item in overrides:
         if "=" not in item:
-            raise CapacityError(f"--set '{item}': expected dotted.key=value, e.g. deployment.replicas=4")
+            raise CapacityError(f"--set '{quote(item)}': expected dotted.key=value, e.g. deployment.replicas=4")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw)
+        value = safe_yaml.loads(raw, f"--set {quote(key, 60)}")
         node = data
         parts = key.strip().split(".")
+        if not all(parts):
+            raise CapacityError(f"--set '{quote(key)}': empty part in the dotted key; write e.g. "
+                                f"deployment.replicas=4")
         for part in parts[:-1]:
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise CapacityError(f"--set '{item}': '{part}' is not a section")
+                raise CapacityError(f"--set '{quote(item)}': '{quote(part, 60)}' is not a section")
             node = child
         node[parts[-1]] = value
     return data
 
 
-def _one_line(error: ValidationError, source: str) -> str:
+def one_line(error: ValidationError, source: str) -> str:
+    """A pydantic ValidationError as one line: the source, the dotted key of the first problem, what is wrong."""
     first = error.errors()[0]
-    where = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-"))
-    msg = first["msg"]
+    where = quote(".".join(str(p) for p in first["loc"] if not str(p).startswith("function-")), 100) or "(top level)"
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key (check its spelling; see scenarios/README.md for the schema)"
     elif first["type"] == "missing":
         msg = "required key is missing"
     more = f" (+{len(error.errors()) - 1} more)" if len(error.errors()) > 1 else ""
-    return f"{source}: {where}: {msg}{more}"
+    return f"{source}: {where}: {quote(msg, 200)}{more}"
 
 
 def from_dict(data: dict[str, Any], source: str = "scenario") -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        raise CapacityError(_one_line(e, source)) from None
+        raise CapacityError(one_line(e, source)) from None
 
 
 def read_yaml(name_or_path: str | None) -> tuple[Path, Any]:
     """(path, parsed YAML) of a shipped scenario name or a path; broken YAML is a one-line error."""
     path = resolve_path(name_or_path)
-    try:
-        return path, yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise CapacityError(f"{path}:{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    return path, safe_yaml.load_file(path)
 
 
 def load(name_or_path: str | None = None, overrides: list[str] | None = None) -> Scenario:

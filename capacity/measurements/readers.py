@@ -51,8 +51,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from capacity.errors import CapacityError
 from capacity.inputs.models import load_model
-from capacity.measurements.schemas import (SERVING_REQUIRED, SPEC_REQUIRED, is_spec_file, model_aliases, parse_float,
-                                           read_measurements)
+from capacity.measurements.schemas import (MAX_PROMPTS, MAX_TOKENS, MAX_TP, SERVING_REQUIRED, SPEC_REQUIRED,
+                                           bad_value, check_name, check_number, check_serving_row, is_spec_file,
+                                           model_aliases, parse_float, read_measurements)
+from capacity.util.text import quote
 
 FORMATS = ("vllm_result", "prometheus", "vllm_log", "serving_csv", "spec_csv")
 
@@ -170,6 +172,7 @@ def _date(value: Any) -> str:
 def resolve_model(name: str) -> str:
     """A result's model id as a shipped architecture: as given, through model_aliases.yaml, or without an
     "-Instruct"/"-Chat" suffix (an instruction-tuned checkpoint has its base model's architecture)."""
+    check_name("model", "the model name", name)
     candidates = [name, model_aliases().get(name, name)]
     candidates += [re.sub(r"-(Instruct|Chat|chat|instruct)(-\d+)?$", "", c) for c in candidates]
     for c in candidates:
@@ -188,6 +191,7 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
     if missing or not any(_STAT_KEY.match(k) for k in res):
         raise CapacityError(f"{where}: unknown `vllm bench serve` result version: missing "
                             f"{', '.join(missing) or 'the *_ttft_ms/*_tpot_ms statistics'}")
+    _check_result(res, where)
     completed = int(parse_float(res["completed"]))
     failed = parse_float(res.get("failed"))
     if math.isnan(failed):  # benchmark_serving.py before `failed` existed: infer from num_prompts
@@ -256,7 +260,51 @@ def result_to_row(res: dict[str, Any], path: Path, index: int, ov: Overrides) ->
         row["isl"] = parse_float(res.get("input_len")) if "input_len" in res else parse_float(res["total_input_tokens"]) / completed
         row["osl"] = parse_float(res.get("output_len")) if "output_len" in res else parse_float(res["total_output_tokens"]) / completed
     row.update(ov.extra)
+    check_serving_row(row, where)
     return row
+
+
+def _check_result(res: dict[str, Any], where: str) -> None:
+    """The keys of a `vllm bench serve` result the reader uses, as vLLM writes them: counts whole and >= 0,
+    durations and rates finite (request_rate may be "inf"), statistics finite and >= 0, lengths whole."""
+    for key in ("completed", "total_input_tokens", "total_output_tokens"):
+        check_number(where, key, res[key], whole=True, high=MAX_PROMPTS * MAX_TOKENS)
+    for key in ("failed", "num_prompts"):
+        if res.get(key) is not None:
+            check_number(where, key, res[key], whole=True, high=MAX_PROMPTS)
+    check_number(where, "duration", res["duration"], low_open=True)
+    for key in ("request_throughput", "output_throughput", "total_token_throughput"):
+        if key in res or key in RESULT_REQUIRED:
+            check_number(where, key, res[key])
+    for key, value in res.items():
+        if _STAT_KEY.match(key) and value is not None:
+            check_number(where, key, value)
+    if "request_rate" in res and res["request_rate"] is not None:
+        check_number(where, "request_rate", res["request_rate"], low_open=True, allow_inf=True)
+    if res.get("max_concurrency") is not None:
+        check_number(where, "max_concurrency", res["max_concurrency"], low=1, high=MAX_PROMPTS, whole=True)
+    if res.get("burstiness") is not None:
+        check_number(where, "burstiness", res["burstiness"], low_open=True)
+    for key in METADATA_TP:
+        if res.get(key) not in (None, ""):
+            check_number(where, key, res[key], low=1, high=MAX_TP, whole=True)
+    for key in METADATA_REPLICAS:
+        if res.get(key) not in (None, ""):
+            check_number(where, key, res[key], low=1, high=4096, whole=True)
+    for key in ("model_id", "model", *METADATA_GPU):
+        if res.get(key) not in (None, ""):
+            check_name(where, key, res[key])
+    for key in ("input_lens", "output_lens", "start_times"):
+        value = res.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, list) or len(value) > MAX_PROMPTS:
+            raise bad_value(where, key, value, f"give a list of at most {MAX_PROMPTS:,} numbers (--save-detailed)")
+        for x in value:
+            if key == "start_times":
+                check_number(where, key, x, low=-math.inf)
+            else:
+                check_number(where, key, x, whole=True, high=MAX_TOKENS)
 
 
 def read_vllm_results(path: str | Path, ov: Overrides | None = None) -> pd.DataFrame:
@@ -310,6 +358,22 @@ class AcceptanceRecord:
 
 
 def _check_record(rec: AcceptanceRecord) -> AcceptanceRecord:
+    counts = {"drafts": rec.num_drafts, "draft tokens": rec.num_draft_tokens, "accepted tokens": rec.num_accepted_tokens}
+    for what, value in counts.items():
+        if not (isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value) and value >= 0):
+            raise CapacityError(f"{rec.source}: the count of {what} is {quote(value)}; counters are finite and >= 0 "
+                                f"(give the server's own /metrics or log)")
+    per_pos = np.asarray(rec.accepted_per_pos, dtype=float)
+    if not np.all(np.isfinite(per_pos)) or np.any(per_pos < 0):
+        raise CapacityError(f"{rec.source}: per-position accepted counts must be finite and >= 0, got "
+                            f"{quote(', '.join(f'{x:g}' for x in per_pos))}")
+    if rec.num_drafts > 0 and np.any(per_pos > rec.num_drafts * (1 + 1e-6)):
+        raise CapacityError(f"{rec.source}: more tokens accepted at a draft position than drafts made (acceptance "
+                            f"rate above 1: {quote(', '.join(f'{x:.3f}' for x in per_pos / rec.num_drafts))}); "
+                            f"counters from different runs mixed?")
+    if rec.num_accepted_tokens > rec.num_draft_tokens * (1 + 1e-6):
+        raise CapacityError(f"{rec.source}: {rec.num_accepted_tokens:g} accepted tokens but only "
+                            f"{rec.num_draft_tokens:g} drafted; accepted <= drafted (counters from different runs mixed?)")
     if not rec.num_drafts > 0:
         raise CapacityError(f"{rec.source}: the server made no speculative drafts (0 drafts counted); benchmark "
                             f"with speculative decoding on and traffic running before reading its metrics")
@@ -332,6 +396,15 @@ def _prom_samples(text: str, path: Path) -> list[tuple[str, dict[str, str], floa
                             f"page as it is (curl -s http://HOST:PORT/metrics > FILE)") from None
 
 
+MAX_SPEC_POSITIONS = 64      # draft positions (as the scenario's speculative.num_speculative_tokens)
+
+
+def _check_counter(path: Path, name: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        raise CapacityError(f"{path}: {name} is {value:g}; a counter is finite and >= 0 (save the /metrics page as "
+                            f"vLLM wrote it)")
+
+
 def read_prometheus(path: str | Path) -> AcceptanceRecord:
     """Speculative-decoding counters of one /metrics dump (totals since the server started)."""
     path = Path(path)
@@ -343,9 +416,15 @@ def read_prometheus(path: str | Path) -> AcceptanceRecord:
             continue     # _created timestamps and older un-suffixed names are not counts
         if name == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
             if "position" in labels:
-                k = int(labels["position"])
+                pos = labels["position"]
+                if not (pos.isdigit() and int(pos) < MAX_SPEC_POSITIONS):
+                    raise CapacityError(f"{path}: {name} has position=\"{quote(pos, 40)}\"; positions are whole "
+                                        f"numbers 0..{MAX_SPEC_POSITIONS - 1} (save the /metrics page as vLLM wrote it)")
+                _check_counter(path, name, value)
+                k = int(pos)
                 per_pos[k] = per_pos.get(k, 0.0) + value
             continue
+        _check_counter(path, name, value)
         total[name] = total.get(name, 0.0) + value
     if not total:
         raise CapacityError(f"{path}: no vllm:spec_decode_*_total counters; was the server started with "
@@ -390,13 +469,13 @@ def read_spec_log(path: str | Path) -> AcceptanceRecord:
     per_pos: np.ndarray | None = None
     lines = 0
     old_format = bool(_SPEC_LOG_V0.search(text))
-    for line in text.splitlines():
+    for line_no, line in enumerate(text.splitlines(), 1):
         m = _SPEC_LOG.search(line)
         if not m:
             continue
         body = m["body"]
-        acc = re.search(r"Accepted: (\d+) tokens", body)
-        dra = re.search(r"Drafted: (\d+) tokens", body)
+        acc = re.search(r"Accepted: (-?\d+) tokens", body)
+        dra = re.search(r"Drafted: (-?\d+) tokens", body)
         pos = re.search(r"Per-position acceptance rate: ([0-9., ]+?)(?:, Avg|$)", body)
         if not (acc and dra):
             continue
@@ -404,8 +483,20 @@ def read_spec_log(path: str | Path) -> AcceptanceRecord:
         if not pos:
             old_format = True
             continue
-        rates = np.array([float(x) for x in pos.group(1).split(",") if x.strip()])
+        try:
+            rates = np.array([float(x) for x in pos.group(1).split(",") if x.strip()])
+        except ValueError:
+            raise CapacityError(f"{path} line {line_no}: per-position acceptance rates "
+                                f"'{quote(pos.group(1).strip(), 80)}' are not comma-separated numbers; give the log "
+                                f"as vLLM wrote it") from None
+        if np.any(rates > 1) or len(rates) > MAX_SPEC_POSITIONS:
+            raise CapacityError(f"{path} line {line_no}: per-position acceptance rates "
+                                f"'{quote(pos.group(1).strip(), 80)}' must be at most {MAX_SPEC_POSITIONS} rates in "
+                                f"[0, 1]; give the log as vLLM wrote it")
         d_tok = float(dra.group(1))
+        if d_tok < 0 or float(acc.group(1)) < 0 or float(acc.group(1)) > d_tok:
+            raise CapacityError(f"{path} line {line_no}: Accepted: {acc.group(1)}, Drafted: {dra.group(1)} tokens; "
+                                f"counts are >= 0 and accepted <= drafted (give the log as vLLM wrote it)")
         if d_tok == 0 or len(rates) == 0:
             continue
         n_drafts = d_tok / len(rates)

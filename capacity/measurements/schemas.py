@@ -31,6 +31,7 @@ import yaml
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
 from capacity.spec.methods import find_method
+from capacity.util.text import quote
 
 SERVING_REQUIRED = ("gpu", "model", "framework", "tp", "isl", "osl", "concurrency_or_qps", "load_type")
 # The measured serving columns the simulator predicts (each gets a `predicted_<column>`).
@@ -46,6 +47,14 @@ OPTIONAL_ENGINE = ("max_num_batched_tokens", "max_model_len")
 # A precision label of the measurement files -> the load_model precision it means.
 PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4": "mxfp4", "mxfp4": "mxfp4",
               "mxfp8": "mxfp8", "nvfp4": "fp4"}
+# A cell that starts like a precision label (fp88, bf61, int3) but is none of PRECISIONS is a typo.
+_PRECISION_LIKE = re.compile(r"^(fp|bf|int|mxfp|nvfp|mxint|uint)\d+$")
+
+MAX_TP = 64                 # as the scenario's deployment.tensor_parallel_size
+MAX_GPUS = 4096             # GPUs of one measured deployment
+MAX_TOKENS = 10_000_000     # prompt or output length of one request
+MAX_PROMPTS = 10_000_000    # requests of one benchmark run
+MAX_NAME_BYTES = 255        # a GPU or model name (one path component)
 
 
 def default_serving_file() -> Path:
@@ -145,6 +154,92 @@ def blog_precision(text: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------------------------------
+# Row checks: a measured value is checked once, where it enters (a CSV cell or a vLLM result key)
+# --------------------------------------------------------------------------------------------------
+
+def bad_value(where: str, key: str, value: Any, want: str) -> CapacityError:
+    """The one-line error for a cell or key whose value makes no sense."""
+    return CapacityError(f"{where}: {key} is {quote(value)}; {want}")
+
+
+def check_number(where: str, key: str, value: Any, *, low: float = 0.0, high: float = math.inf,
+                 low_open: bool = False, whole: bool = False, allow_inf: bool = False) -> float:
+    """`value` as a float in [low, high] (or (low, high] with `low_open`), finite unless `allow_inf`,
+    integral with `whole`; anything else is a one-line error naming `key`."""
+    if isinstance(value, bool):
+        raise bad_value(where, key, value, "give a number")
+    x = parse_float(value)
+    kind = "a whole number" if whole else "a number"
+    rng = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if math.isfinite(high) else "")
+    if math.isnan(x) or (math.isinf(x) and not (allow_inf and x > 0)):
+        raise bad_value(where, key, value, f"give {kind} {rng}")
+    if math.isinf(x):
+        return x
+    if (x <= low if low_open else x < low) or x > high or (whole and x != int(x)):
+        raise bad_value(where, key, value, f"give {kind} {rng}")
+    return x
+
+
+def check_name(where: str, key: str, value: Any) -> None:
+    """A GPU or model name short enough to be looked up as a file name."""
+    text = str(value)
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or "\x00" in text:
+        raise bad_value(where, key, value, f"give a name of at most {MAX_NAME_BYTES} bytes (a Hugging Face id or a "
+                                           f"shipped name)")
+
+
+def check_precision(where: str, value: Any) -> None:
+    """A precision cell that looks like a format label but is not one (fp88) is a typo, not 'unstated'."""
+    text = str(value or "").strip().lower()
+    first = re.split(r"[\s?(,;]", text, maxsplit=1)[0] if text else ""
+    if _PRECISION_LIKE.match(first) and first not in PRECISIONS:
+        raise bad_value(where, "precision", value, f"use one of {', '.join(PRECISIONS)} (or leave it empty for the "
+                                                   f"checkpoint's own)")
+
+
+def _present(value: Any) -> bool:
+    return value is not None and str(value).strip() not in ("", "nan", "NaN", "None", "null")
+
+
+def check_serving_row(row: dict[str, Any], where: str) -> None:
+    """The cells of one serving row the simulator uses: TP a whole number in 1..64 that divides the GPUs,
+    GPUs, lengths and load positive and finite, a known precision label, names a file system can look up.
+    Empty cells stay 'not stated' (the row is then skipped with its reason)."""
+    for key in ("gpu", "model"):
+        if _present(row.get(key)):
+            check_name(where, key, row[key])
+    if _present(row.get("precision")):
+        check_precision(where, row["precision"])
+    tp = check_number(where, "tp", row["tp"], low=1, high=MAX_TP, whole=True) if _present(row.get("tp")) else None
+    if _present(row.get("num_gpus")):
+        gpus = check_number(where, "num_gpus", row["num_gpus"], low=1, high=MAX_GPUS, whole=True)
+        ep = parse_float(row.get("ep"))
+        if tp is not None and gpus % tp and not (ep > 1 and gpus == tp * ep):
+            raise CapacityError(f"{where}: num_gpus {gpus:g} is not a multiple of tp {tp:g}; give the GPUs of whole "
+                                f"replicas (num_gpus = replicas x tp)")
+    for key in ("isl", "osl"):
+        if _present(row.get(key)):
+            check_number(where, key, row[key], low=0, low_open=True, high=MAX_TOKENS)
+    load = parse_float(row.get("concurrency_or_qps"))
+    if _present(row.get("concurrency_or_qps")) and not math.isnan(load):    # text such as "1000 (offline)": not stated
+        closed = any(w in str(row.get("load_type", "")).lower() for w in ("closed", "concurrency"))
+        check_number(where, "concurrency_or_qps", row["concurrency_or_qps"], low=0, low_open=True,
+                     high=MAX_PROMPTS, whole=closed, allow_inf=not closed)
+    if _present(row.get("num_prompts")) and not math.isnan(parse_float(row.get("num_prompts"))):
+        check_number(where, "num_prompts", row["num_prompts"], low=1, high=MAX_PROMPTS, whole=True)
+    for key in ("max_num_batched_tokens", "max_num_seqs"):
+        if _present(row.get(key)) and not math.isnan(parse_float(row.get(key))):
+            check_number(where, key, row[key], low=1, high=MAX_TOKENS, whole=True)
+
+
+def _is_modelled_kind(row: dict[str, Any]) -> bool:
+    """Rows of a kind the simulator models at all (vLLM, not disaggregated, no DP attention): their cells are checked."""
+    flag = lambda v: str(v).strip().lower() in ("true", "yes", "1")   # noqa: E731
+    return "vllm" in str(row.get("framework", "")).lower() and not flag(row.get("disagg")) \
+        and not flag(row.get("dp_attention"))
+
+
+# --------------------------------------------------------------------------------------------------
 # Files
 # --------------------------------------------------------------------------------------------------
 
@@ -167,6 +262,9 @@ def read_csv_checked(path: Path, required: tuple[str, ...] | list[str], kind: st
 def read_measurements(path: Path) -> pd.DataFrame:
     """A serving-measurement file as strings, with its `file` name and `row` number in front."""
     df = read_csv_checked(path, SERVING_REQUIRED, "serving measurement")
+    for i, row in enumerate(df.to_dict("records")):
+        if _is_modelled_kind(row):
+            check_serving_row(row, f"{path} row {i + 1}")
     df.insert(0, "file", Path(path).name)
     df.insert(1, "row", np.arange(len(df)))
     return df

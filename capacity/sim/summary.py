@@ -33,9 +33,28 @@ def simulation_payload(result: SimulationResult) -> dict[str, Any]:
 
 
 def _lat(m: dict[str, Any], key: str) -> str:
-    s = m.get(key) or {}
+    s = m.get(key) if isinstance(m.get(key), dict) else {}
     vals = [s.get(q) for q in ("mean", "p50", "p90", "p99")]
-    return "  ".join(f"{v:9.1f}" if v is not None else f"{'-':>9}" for v in vals)
+    return "  ".join(f"{_num(v, '9.1f'):>9}" for v in vals)
+
+
+def _num(value: Any, fmt: str) -> str:
+    """`value` formatted, or '-' when the run produced no such number (e.g. nothing finished)."""
+    if value is None or isinstance(value, (dict, list, str)):
+        return "-"
+    try:
+        if fmt.endswith("d") and isinstance(value, float):
+            value = int(value)
+        return format(value, fmt)
+    except (TypeError, ValueError, OverflowError):
+        return "-"
+
+
+def _get(m: dict[str, Any], key: str, stat: str | None = None) -> Any:
+    v = m.get(key)
+    if stat is not None:
+        v = v.get(stat) if isinstance(v, dict) else None
+    return v
 
 
 def simulation_summary(result: SimulationResult) -> str:
@@ -50,17 +69,21 @@ def simulation_summary(result: SimulationResult) -> str:
         lines.append(f"Speculation {sc.speculative.method}, N = {sc.speculative.num_speculative_tokens}")
     verdict = "stable" if m["stable"] else "UNSTABLE (the queue grows without bound: numbers below are not steady-state)"
     lines += [
-        f"Result     {verdict}; {m['completed']}/{m['num_requests']} requests in {m['duration_s']:.1f} s",
-        f"Throughput {m['request_throughput_rps']:.2f} req/s, {m['output_throughput_tok_s']:,.0f} output tok/s "
-        f"({m['output_throughput_tok_s_per_gpu']:,.0f} per GPU), {m['total_throughput_tok_s']:,.0f} total tok/s",
+        f"Result     {verdict}; {_num(m.get('completed'), 'd')}/{_num(m.get('num_requests'), 'd')} requests in "
+        f"{_num(m.get('duration_s'), '.1f')} s",
+        f"Throughput {_num(m.get('request_throughput_rps'), '.2f')} req/s, {_num(m.get('output_throughput_tok_s'), ',.0f')} "
+        f"output tok/s ({_num(m.get('output_throughput_tok_s_per_gpu'), ',.0f')} per GPU), "
+        f"{_num(m.get('total_throughput_tok_s'), ',.0f')} total tok/s",
         f"{'':10} {'mean':>9}  {'p50':>9}  {'p90':>9}  {'p99':>9}",
         f"TTFT ms    {_lat(m, 'ttft_ms')}",
         f"TPOT ms    {_lat(m, 'tpot_ms')}",
         f"ITL ms     {_lat(m, 'itl_ms')}",
         f"E2E ms     {_lat(m, 'e2e_ms')}",
         f"Queue ms   {_lat(m, 'queue_delay_ms')}",
-        f"Per user   {m['tok_s_per_user']['p50']:.1f} tok/s (median request), {m['tok_s_per_user']['p10']:.1f} tok/s (p10)",
-        f"KV cache   mean {m['kv_utilisation']['mean']:.0%}, max {m['kv_utilisation']['max']:.0%}; preemptions {m['preemptions']}",
+        f"Per user   {_num(_get(m, 'tok_s_per_user', 'p50'), '.1f')} tok/s (median request), "
+        f"{_num(_get(m, 'tok_s_per_user', 'p10'), '.1f')} tok/s (p10)",
+        f"KV cache   mean {_num(_get(m, 'kv_utilisation', 'mean'), '.0%')}, max "
+        f"{_num(_get(m, 'kv_utilisation', 'max'), '.0%')}; preemptions {_num(m.get('preemptions'), 'd')}",
     ]
     total = sum(result.step_breakdown_s.values()) or 1.0
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.step_breakdown_s.items(), key=lambda kv: -kv[1]) if v > 0)
@@ -69,7 +92,7 @@ def simulation_summary(result: SimulationResult) -> str:
         checks = "; ".join(
             f"{s['slo']} → {'n/a' if s['achieved'] is None else format(s['achieved'], '.1f')} {'ok' if s['met'] else 'MISSED'}"
             for s in m["slo"])
-        lines.append(f"SLOs       {checks}; goodput {m['goodput_rps'] or 0:.2f} req/s")
+        lines.append(f"SLOs       {checks}; goodput {_num(m.get('goodput_rps') or 0, '.2f')} req/s")
     if result.comparison is not None:
         lines += ["", comparison_table(result.comparison, result)]
         sb = result.extras.get("speculation_by_batch") or speculation_by_batch(result)
@@ -102,8 +125,8 @@ def metrics_table(title: str, columns: list[tuple[str, dict[str, Any]]], width: 
         v = m.get(key)
         if stats:
             vals = [v.get(s) if v else None for s in stats]
-            return " / ".join("-" if x is None else fmt.format(x) for x in vals)
-        return "-" if v is None else fmt.format(v)
+            return " / ".join(_num(x, fmt[2:-1]) for x in vals)
+        return _num(v, fmt[2:-1])
 
     out = [f"{title:28} " + " ".join(f"{h:>{width}}" for h, _ in columns)]
     for label, key, stats, fmt in COMPARISON_ROWS:

@@ -51,6 +51,7 @@ from capacity.sim import simulate
 from capacity.sim.summary import speculation_by_batch
 from capacity.spec.methods import get_method
 from capacity.util.jsonio import clean
+from capacity.util.text import quote
 
 RESULTS_FILE = "results.jsonl"
 MANIFEST_FILE = "sweep.json"
@@ -137,12 +138,15 @@ def scenario_hash(base: dict[str, Any]) -> str:
 
 def _values(section: str, key: Any, values: Any) -> list[Any]:
     if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-        raise CapacityError(f"sweep.{section}: '{key}' is not a dotted scenario key such as traffic.arrival.rate_rps")
+        raise CapacityError(f"sweep.{section}: '{quote(key)}' is not a dotted scenario key such as traffic.arrival.rate_rps")
     if not isinstance(values, list):
-        raise CapacityError(f"sweep.{section}.{key}: give a list of values, e.g. [1, 2, 4]")
+        raise CapacityError(f"sweep.{section}.{quote(key)}: give a list of values, e.g. [1, 2, 4]")
     if not values:
-        raise CapacityError(f"sweep.{section}.{key} is an empty list: the grid would be empty; give at least one value")
+        raise CapacityError(f"sweep.{section}.{quote(key)} is an empty list: the grid would be empty; give at least one value")
     return values
+
+
+MAX_POINTS = 100_000     # each point is a simulation of seconds to minutes: more is a typo, or a job to split
 
 
 def expand_grid(sweep: Any) -> tuple[dict[str, list[Any]], dict[str, list[Any]], list[Point]]:
@@ -182,6 +186,11 @@ def expand_grid(sweep: Any) -> tuple[dict[str, list[Any]], dict[str, list[Any]],
         detail = ", ".join(f"{k} has {n}" for k, n in lengths.items())
         raise CapacityError(f"sweep.zip lists must have equal lengths ({detail}); make them equal or move keys to sweep.product")
     zip_len = next(iter(lengths.values())) if lengths else 1
+    size = math.prod(len(v) for v in product.values()) * zip_len
+    if size > MAX_POINTS:
+        counts = " x ".join(str(len(v)) for v in product.values()) + (f" x {zip_len} (zip)" if zipped else "")
+        raise CapacityError(f"sweep: the grid has {size:,} points ({counts}), more than {MAX_POINTS:,}; sweep fewer "
+                            f"values or split it into several sweeps")
     points: list[Point] = []
     seen: dict[str, Point] = {}
     for combo in itertools.product(*product.values(), range(zip_len)):
