@@ -12,10 +12,22 @@ $/hour. Two stages keep it fast:
    arriving per step (λ · P · t). The largest λ with a fixed point whose TPOT (t / E[τ]) and TTFT
    (about one step with a prefill chunk plus queueing) meet the SLOs, and whose KV fits, is the
    analytic estimate.
-2. Simulation (the best candidates): a short discrete-event bisection around the estimate gives
-   the sustained rate; the winner is confirmed by simulating the whole cluster at the target rate,
-   and with one replica fewer, which must miss an SLO (else the answer was not minimal and the
-   planner steps down).
+2. Simulation (the best candidates): single-replica probes around the estimate give the sustained
+   rate per replica.
+3. Confirmation: the best simulated candidate's whole cluster is simulated at target × (1 + headroom)
+   and the fewest replicas that meet the SLOs there are searched (`search_replicas`: bracket by
+   doubling steps, then bisect; no step limit), so the recommendation meets them and one replica
+   fewer misses, both simulated. A candidate whose estimate still ranks ahead is confirmed too (at
+   most `_CONFIRM_AT_MOST`); the recommendation is the best confirmed one. Its row's rate is the
+   confirmed rate per replica, so every row's replicas = ceil(target × (1 + headroom) / rate), and
+   each row says whether its rate is confirmed, simulated on one replica, or analytic.
+4. Verdicts (`judge`): an SLO is judged over the steady state (the first `WARMUP_FRACTION` of
+   arrivals left out), on runs long enough for its percentile (`evidence_requests`: p99 rests on
+   1,000 requests), with a distribution-free confidence interval of the percentile
+   (`percentile_interval`, binomial order statistics) and the margin to the threshold with its ±.
+5. The answer as a deployment (`deployment`): servers of the GPU's scale-up size, and per replica the
+   `vllm serve` line and the `vllm bench serve` line that checks it; what decides it (`context`) and
+   re-planned what-ifs (`sensitivity`: acceptance −10/−20/−30 %, traffic × 1.5/× 2).
 """
 
 from __future__ import annotations
@@ -1002,9 +1014,11 @@ def write(p: PlanResult, out) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "plan.json", p.to_json())
-    (out / "recommended.yaml").write_text(yaml.safe_dump(p.recommended_scenario, sort_keys=False))
+    (out / "recommended.yaml").write_text(yaml.safe_dump(p.recommended_scenario, sort_keys=False, allow_unicode=True),
+                                          encoding="utf-8")
     if p.one_fewer_scenario:
-        (out / "one_fewer_replica.yaml").write_text(yaml.safe_dump(p.one_fewer_scenario, sort_keys=False))
+        (out / "one_fewer_replica.yaml").write_text(
+            yaml.safe_dump(p.one_fewer_scenario, sort_keys=False, allow_unicode=True), encoding="utf-8")
     for name, df in p.evidence_requests.items():
         (out / "evidence" / name).mkdir(parents=True, exist_ok=True)
         df.to_csv(out / "evidence" / name / "requests.csv", index=False)
