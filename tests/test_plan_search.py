@@ -277,6 +277,8 @@ def test_the_plan_report_shows_the_deployment_and_the_margins(underestimated_pla
     assert "Deployment: " in text and "vllm serve meta-llama/Llama-3.1-8B" in text
     assert "Check one replica: vllm bench serve" in text
     assert "(target × (1 + headroom))" in text and "met, margin " in text and " ± " in text
+    assert "What if (re-planned by simulation): acceptance −10 %" in text and "traffic × 2: " in text
+    assert "For meta-llama/Llama-3.1-8B (bf16 weights)" in text
 
 
 def test_replica_search_never_simulates_below_a_known_miss():

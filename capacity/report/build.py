@@ -373,6 +373,16 @@ def _load_plan(folder: Path) -> Report:
                                f"each replica: {dep.get('vllm_serve')}")
             if dep.get("vllm_bench_serve"):
                 rep.summary.append(f"Check one replica: {dep['vllm_bench_serve']}")
+        ctx = rec.get("context")
+        if isinstance(ctx, dict) and ctx.get("model"):
+            rep.summary.append(f"For {ctx.get('model')} ({ctx.get('precision')} weights), {ctx.get('traffic')}"
+                               + (f"; binding SLO {ctx['binding_slo']}" if ctx.get("binding_slo") else "")
+                               + (f". {ctx['acceptance_in_words']}" if ctx.get("acceptance_in_words") else ""))
+        sens = rec.get("sensitivity")
+        if isinstance(sens, list) and sens:
+            rep.summary.append("What if (re-planned by simulation): " + "; ".join(
+                f"{x.get('what_if')}: {x.get('gpus') if x.get('gpus') is not None else 'none fits'} GPUs"
+                for x in sens if isinstance(x, dict)) + f" (recommended: {rec.get('total_gpus')} GPUs)")
         if rec.get("acceptance_basis"):
             rep.summary.append(f"Drafter acceptance: {rec['acceptance_basis']}")
         if isinstance(rec.get("speculation_by_batch"), dict):
