@@ -647,7 +647,8 @@ def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
         sentence = "No speculation: the answer does not depend on a drafter's acceptance."
     else:
         where = ("not measured on this model: carried over from the drafter's measurements on other targets"
-                 if "not measured" in basis else "measured on this model (the seed article's profile)")
+                 if "not measured" in basis else "from the acceptance basis below" if basis
+                 else "as the scenario gives it (no recorded basis)")
         scaled = " and scaled from math and code benchmarks to chat (an assumed ratio)" if "chat derived" in basis else ""
         sentence = (f"{best.method} N={best.num_speculative_tokens}'s acceptance on {sc.deployment.model} is {where}"
                     f"{scaled}; the GPU count rests on it (see the what-ifs).")
