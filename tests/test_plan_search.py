@@ -184,6 +184,9 @@ def test_judgement_leaves_out_the_warm_up_and_gives_margin_and_interval():
     assert lo <= tpot_row["achieved"] <= hi
     assert tpot_row["margin_pm"] == pytest.approx((hi - lo) / 2 / 15)
     assert plan._verdict(tpot_row).startswith("met, margin ") and " ± " in plan._verdict(tpot_row)
+    assert "uncertainty" not in plan._verdict(tpot_row)
+    close = {**tpot_row, "margin": 0.01, "margin_interval": [-0.01, 0.03], "margin_pm": 0.02}
+    assert plan._verdict(close) == "met, margin 1 % ± 2 %: within the run's uncertainty"
 
 
 def test_evidence_runs_are_long_enough_for_p99():

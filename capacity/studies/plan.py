@@ -921,7 +921,10 @@ def _verdict(row: dict[str, Any]) -> str:
     if row.get("margin") is None:
         return word
     pm = row.get("margin_pm")
-    return f"{word}, margin {row['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if pm is not None else "")
+    iv = row.get("margin_interval")
+    close = iv is not None and iv[0] < 0.0 < iv[1]
+    return (f"{word}, margin {row['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if pm is not None else "")
+            + (": within the run's uncertainty" if close else ""))
 
 
 def _achieved(row: dict[str, Any]) -> str:
