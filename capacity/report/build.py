@@ -72,8 +72,12 @@ class Report:
 
 # ---------------------------------------------------------------------------------- reading
 def detect_kind(folder: Path) -> str:
-    if not folder.is_dir():
-        raise CapacityError(f"{folder} is not a folder; give the --out folder of capacity simulate, validate, sweep or plan")
+    try:
+        is_dir = folder.is_dir()
+    except (OSError, ValueError):     # a name too long for the file system, a NUL byte
+        is_dir = False
+    if not is_dir:
+        raise CapacityError(f"{quote(str(folder))} is not a folder; give the --out folder of capacity simulate, validate, sweep or plan")
     for kind, names in KINDS:
         if any((folder / n).is_file() for n in names):
             return kind
@@ -341,7 +345,10 @@ def _plan_verdict(s: dict) -> str:
     if not isinstance(s.get("margin"), (int, float)):
         return word
     pm = s.get("margin_pm")
-    return f"{word}, margin {s['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if isinstance(pm, (int, float)) else "")
+    iv = s.get("margin_interval")
+    close = isinstance(iv, list) and len(iv) == 2 and iv[0] < 0.0 < iv[1]
+    return (f"{word}, margin {s['margin'] * 100:.0f} %" + (f" ± {pm * 100:.0f} %" if isinstance(pm, (int, float)) else "")
+            + (": within the run's uncertainty" if close else ""))
 
 
 def _load_plan(folder: Path) -> Report:
