@@ -1,0 +1,24 @@
+"""What a cold start imports (issue 20): pandas only where a trace is read or a DataFrame built.
+
+(A default simulation imports no scipy: tests/test_acceptance.py::test_a_simulation_imports_no_scipy.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_loading_a_scenario_and_drawing_synthetic_traffic_import_no_pandas() -> None:
+    code = ("import sys\nimport numpy as np\nfrom capacity.inputs import scenario, traffic\n"
+            "sc = scenario.load(None, ['traffic.classes=[{name: a, input_tokens: {dist: fixed, value: 100}, "
+            "output_tokens: {dist: lognormal, median: 50, sigma: 0.5}}]'])\n"
+            "stream = traffic.build_requests(sc.traffic, np.random.default_rng(0))\n"
+            "assert len(stream) == sc.traffic.num_requests\n"
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
