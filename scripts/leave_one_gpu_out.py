@@ -1,0 +1,77 @@
+"""Leave one GPU out: predict a GPU's shipped serving rows with ANOTHER GPU's efficiencies, no refit.
+
+    python scripts/leave_one_gpu_out.py H100:H200 H200:H100 MI300X:MI355X [--workers 2] [--max-rows N] [--own]
+
+For each SOURCE:TARGET pair the TARGET's rows (capacity/data/measurements/serving_vllm.csv) are
+simulated on the TARGET's own datasheet (peaks, HBM, scale-up, power) with every `efficiency` entry of
+the SOURCE's shipped profile (fitted values included) - what `family_transfer` does for a GPU without
+serving rows (hw_profiles/README.md). Within a family (H100 <-> H200, both Hopper) this is the
+out-of-sample error a user gets for a sibling GPU; across a generation (MI300X -> MI355X) it is the hard
+case. `--own` also prints the TARGET's error with its own shipped fit (the fitted-row error).
+Prints median / p90 absolute percentage error of output tok/s per GPU, TPOT and TTFT. Run by hand
+(minutes per pair); not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pandas as pd
+
+from capacity.fidelity import serving
+from capacity.inputs.hardware import load_gpu
+
+METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
+
+
+def errors(out) -> dict[str, dict[str, float]]:
+    modelled = out[out["skipped"].isna()]
+    table: dict[str, dict[str, float]] = {}
+    for metric in METRICS:
+        if metric not in modelled:
+            continue
+        meas = pd.to_numeric(modelled[metric], errors="coerce").to_numpy(dtype=float)   # '' where not reported
+        pred = pd.to_numeric(modelled[f"predicted_{metric}"], errors="coerce").to_numpy(dtype=float)
+        ok = np.isfinite(meas) & np.isfinite(pred) & (meas > 0)
+        ape = np.abs(pred[ok] - meas[ok]) / meas[ok]
+        table[metric] = {"rows": int(ok.sum()), "median_pct": float(np.median(ape) * 100) if ok.any() else float("nan"),
+                         "p90_pct": float(np.percentile(ape, 90) * 100) if ok.any() else float("nan")}
+    return table
+
+
+def line(label: str, table: dict[str, dict[str, float]]) -> str:
+    cells = ", ".join(f"{m} {t['median_pct']:.1f} / {t['p90_pct']:.1f} % ({t['rows']} rows)" for m, t in table.items())
+    return f"{label:34} {cells}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("pairs", nargs="+", help="SOURCE:TARGET GPU names")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-rows", type=int, default=None)
+    ap.add_argument("--own", action="store_true", help="also the target's error with its own shipped fit")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = []
+    for pair in args.pairs:
+        source, target = pair.split(":")
+        eff = dict(load_gpu(source).efficiency)
+        out = serving.run(gpus=[target], gpu_overrides={"efficiency": eff}, workers=args.workers,
+                          max_rows=args.max_rows, progress=False).rows
+        res = {"source": source, "target": target, "transferred": errors(out)}
+        if args.own:
+            own = serving.run(gpus=[target], workers=args.workers, max_rows=args.max_rows, progress=False).rows
+            res["own_fit"] = errors(own)
+        results.append(res)
+        if not args.json:
+            print(line(f"{target} with {source}'s efficiencies", res["transferred"]), flush=True)
+            if args.own:
+                print(line(f"{target} with its own fit", res["own_fit"]), flush=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
