@@ -351,6 +351,13 @@ def check_options(args: argparse.Namespace) -> None:
     whole("tp", 1, 64, "--tp")
     whole("max_rows", 1, 10**9, "--max-rows")
     whole("rounds", 1, 20, "--rounds")
+    for name in ("gpu", "model", "scenario", "results", "scheduler"):
+        values = getattr(args, name, None)
+        for value in values if isinstance(values, list) else [values]:
+            if isinstance(value, str) and (len(value) > 4096 or any(len(p) > 255 for p in value.split("/"))):
+                label = f"--{name}" if name in ("gpu", "model", "scheduler") else name.upper()
+                raise CapacityError(f"{label} '{value[:100]}...': {len(value):,} characters; give a name or path of "
+                                    f"at most 255 characters per path component")
     out = getattr(args, "out", None)
     if out is not None:
         path = Path(out)
@@ -374,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except CapacityError as e:
         fresh_line = "\r\033[K" if sys.stderr.isatty() else ""      # past a progress line being rewritten
-        print(f"{fresh_line}capacity: error: {e}", file=sys.stderr)
+        msg = " ".join(str(e).split())           # one line, whatever the message
+        if len(msg) > 1000:                       # a value echoed in full somewhere: keep the line readable
+            msg = f"{msg[:600]} ... (message cut, {len(msg):,} characters)"
+        print(f"{fresh_line}capacity: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("capacity: interrupted", file=sys.stderr)

@@ -247,6 +247,19 @@ def test_options(capsys, argv, word):
     assert time.perf_counter() - t0 < 10        # --rounds 0 ran a whole calibration before failing
 
 
+@pytest.mark.parametrize("argv,word", [
+    (["calibrate", "--gpu", "g" * 5000], "--gpu"),
+    (["validate", str(RESULT), "--model", "m" * 5000], "--model"),
+    (["report", "r" * 5000], "RESULTS"),
+    (["simulate", "s" * 5000], "SCENARIO"),
+    (["simulate", "--set", "slo=" + "x" * 5000], "slo"),
+    (["simulate", "--set", "speculative.method=" + "x" * 5000], "speculative.method"),
+    (["simulate", "--set", "description=" + "x" * 20000], "description"),
+])
+def test_long_values_are_quoted_short(capsys, argv, word):
+    refused(argv, capsys, word)
+
+
 def test_out_naming_an_existing_file(tmp_path, capsys):
     f = tmp_path / "taken"
     f.write_text("keep me")

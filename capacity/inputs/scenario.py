@@ -107,7 +107,7 @@ class Engine(_Strict):
 class Speculative(_Strict):
     """Speculative decoding: the drafting method, drafts per step, acceptance and policy (spec/decoding.py)."""
 
-    method: str = Field("none", description="drafting method of capacity/data/methods.yaml (`capacity methods`), or "
+    method: str = Field("none", max_length=100, description="drafting method of capacity/data/methods.yaml (`capacity methods`), or "
                                             "none; other spellings such as EAGLE-3 are accepted")
     num_speculative_tokens: int = Field(0, ge=0, le=MAX_SPEC_TOKENS,
                                         description="drafted tokens N per verification step (vLLM's "
@@ -143,12 +143,12 @@ class Scenario(_Strict):
     """A whole scenario file."""
 
     name: str = Field("scenario", max_length=MAX_NAME_BYTES, description="a short name, used in reports and output folders")
-    description: str = Field("", description="one line saying what the scenario is")
+    description: str = Field("", max_length=10_000, description="one line saying what the scenario is")
     deployment: Deployment = Field(description="what is deployed")
     engine: Engine = Field(default_factory=Engine, description="vLLM engine arguments")
     speculative: Speculative = Field(default_factory=Speculative, description="speculative decoding; off by default")
     traffic: TrafficConfig = Field(description="what arrives and when to stop")
-    slo: str | None = Field(None, description="service-level objectives, e.g. 'ttft:p99<1s;tpot:p90<40ms'; "
+    slo: str | None = Field(None, max_length=1000, description="service-level objectives, e.g. 'ttft:p99<1s;tpot:p90<40ms'; "
                                              "none: no SLO check (`capacity plan` needs them)")
     simulation: Simulation = Field(default_factory=Simulation, description="seed and horizon")
     plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/studies/plan.py)")
