@@ -18,7 +18,8 @@ import yaml
 
 from capacity import cli
 from capacity.measurements import readers
-from capacity.measurements.schemas import default_serving_file, read_measurements
+from capacity.measurements.schemas import default_serving_file, read_measurements, read_spec_measurements
+from capacity.paths import data_dir
 
 DATA = Path(__file__).parent / "data" / "vllm"
 RESULT = DATA / "bench_serve_result_nodetail.json"
@@ -96,7 +97,7 @@ def _serving_csv(tmp_path: Path, **changes) -> Path:
 @pytest.mark.parametrize("column,value", [
     ("tp", "0"), ("tp", "inf"), ("tp", "2.5"), ("tp", "-1"), ("isl", "0"), ("isl", "-5"), ("osl", "many"),
     ("num_gpus", "1e9"), ("num_gpus", "0.5"), ("precision", "fp88"), ("concurrency_or_qps", "2.5"),
-    ("concurrency_or_qps", "-4"), ("model", "x" * 300),
+    ("concurrency_or_qps", "-4"), ("model", "x" * 300), ("gpu", "\n"),
 ])
 def test_serving_csv_bad_cell(tmp_path, capsys, column, value):
     words = ["serving.csv row 1", column]
@@ -108,8 +109,23 @@ def test_serving_csv_tp_must_divide_the_gpus(tmp_path, capsys):
             "num_gpus 3 is not a multiple of tp 2")
 
 
+@pytest.mark.parametrize("column,value", [
+    ("num_speculative_tokens", ""), ("num_speculative_tokens", "2.5"), ("tp", "0"), ("per_position_acceptance", "1.5"),
+    ("per_position_acceptance", "x y"), ("mean_accepted_length", "0.5"), ("speedup", "-1"), ("precision", "fp88"),
+])
+def test_spec_csv_bad_cell(tmp_path, capsys, column, value):
+    lines = (data_dir() / "measurements" / "seed_spec_decode.csv").read_text().splitlines()
+    with (tmp_path / "spec.csv").open("w", newline="") as f:
+        rows = list(csv.DictReader(lines[:2]))
+        w = csv.DictWriter(f, list(rows[0]))
+        w.writeheader()
+        w.writerow({**rows[0], column: value})
+    refused(["validate", tmp_path / "spec.csv", "--quiet"], capsys, "spec.csv", column)
+
+
 def test_shipped_serving_file_passes_the_row_checks():
     assert len(read_measurements(default_serving_file())) > 1000
+    assert len(read_spec_measurements(data_dir() / "measurements" / "seed_spec_decode.csv")) > 200
 
 
 # ---------------------------------------------------------------- /metrics and server logs
@@ -134,7 +150,8 @@ def test_prometheus_good_reads(tmp_path):
     ({"positions": ("x", "1", "2")}, 'position="x"'),
     ({"positions": ("999999999999", "1", "2")}, 'position="999999999999"'),
     ({"accepted": -5}, "accepted_tokens_total is -5"),
-    ({"draft_tokens": 100, "accepted": 500, "per_pos": (100, 100, 100)}, "accepted <= drafted"),
+    ({"draft_tokens": 100, "accepted": 250, "per_pos": (100, 100, 50)}, "accepted <= drafted"),
+    ({"accepted": 500, "per_pos": (100, 100, 100)}, "more than one per position"),
     ({"per_pos": (300, 200, 100)}, "acceptance rate above 1"),
     ({"per_pos": (80, -50, 20)}, "is -50"),
 ])

@@ -371,6 +371,10 @@ def _check_record(rec: AcceptanceRecord) -> AcceptanceRecord:
         raise CapacityError(f"{rec.source}: more tokens accepted at a draft position than drafts made (acceptance "
                             f"rate above 1: {quote(', '.join(f'{x:.3f}' for x in per_pos / rec.num_drafts))}); "
                             f"counters from different runs mixed?")
+    if rec.num_drafts > 0 and rec.num_accepted_tokens > rec.num_drafts * len(per_pos) * (1 + 1e-6):
+        raise CapacityError(f"{rec.source}: {rec.num_accepted_tokens:g} accepted tokens over {rec.num_drafts:g} drafts "
+                            f"of {len(per_pos)} positions is more than one per position; the per-position counters "
+                            f"are incomplete (save the whole /metrics page or log)")
     if rec.num_accepted_tokens > rec.num_draft_tokens * (1 + 1e-6):
         raise CapacityError(f"{rec.source}: {rec.num_accepted_tokens:g} accepted tokens but only "
                             f"{rec.num_draft_tokens:g} drafted; accepted <= drafted (counters from different runs mixed?)")

@@ -50,6 +50,7 @@ PRECISIONS = {"fp16": "bf16", "bf16": "bf16", "fp8": "fp8", "int4": "int4", "fp4
 # A cell that starts like a precision label (fp88, bf61, int3) but is none of PRECISIONS is a typo.
 _PRECISION_LIKE = re.compile(r"^(fp|bf|int|mxfp|nvfp|mxint|uint)\d+$")
 
+LABEL_COLUMNS = ("gpu", "model", "framework", "precision", "load_type", "spec_method", "latency_stat")
 MAX_TP = 64                 # as the scenario's deployment.tensor_parallel_size
 MAX_GPUS = 4096             # GPUs of one measured deployment
 MAX_TOKENS = 10_000_000     # prompt or output length of one request
@@ -87,7 +88,7 @@ def marginal_rates(value: Any) -> list[float]:
     try:
         return [float(x) for x in text]
     except ValueError:
-        raise CapacityError(f"per_position_acceptance '{value}' is not a space-separated list of numbers") from None
+        raise CapacityError(f"per_position_acceptance '{quote(value)}' is not a space-separated list of numbers") from None
 
 
 def method_name(label: Any) -> str:
@@ -183,9 +184,9 @@ def check_number(where: str, key: str, value: Any, *, low: float = 0.0, high: fl
 def check_name(where: str, key: str, value: Any) -> None:
     """A GPU or model name short enough to be looked up as a file name."""
     text = str(value)
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or "\x00" in text:
-        raise bad_value(where, key, value, f"give a name of at most {MAX_NAME_BYTES} bytes (a Hugging Face id or a "
-                                           f"shipped name)")
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES or any(ord(c) < 32 for c in text):
+        raise bad_value(where, key, value, f"give a name of at most {MAX_NAME_BYTES} bytes without control characters "
+                                           f"(a Hugging Face id or a shipped name)")
 
 
 def check_precision(where: str, value: Any) -> None:
@@ -206,7 +207,7 @@ def check_serving_row(row: dict[str, Any], where: str) -> None:
     GPUs, lengths and load positive and finite, a known precision label, names a file system can look up.
     Empty cells stay 'not stated' (the row is then skipped with its reason)."""
     for key in ("gpu", "model"):
-        if _present(row.get(key)):
+        if row.get(key) not in (None, ""):
             check_name(where, key, row[key])
     if _present(row.get("precision")):
         check_precision(where, row["precision"])
@@ -229,6 +230,31 @@ def check_serving_row(row: dict[str, Any], where: str) -> None:
         check_number(where, "num_prompts", row["num_prompts"], low=1, high=MAX_PROMPTS, whole=True)
     for key in ("max_num_batched_tokens", "max_num_seqs"):
         if _present(row.get(key)) and not math.isnan(parse_float(row.get(key))):
+            check_number(where, key, row[key], low=1, high=MAX_TOKENS, whole=True)
+
+
+def check_spec_row(row: dict[str, Any], where: str) -> None:
+    """A speculative-speedup row's numbers: TP and N whole (1..64), N marginal rates in [0, 1], the mean
+    accepted length in [1, N + 1], throughputs and speedup positive; names a file system can look up."""
+    for key in ("gpu", "target"):
+        check_name(where, key, row.get(key, ""))
+    check_precision(where, row.get("precision"))
+    check_number(where, "tp", row.get("tp"), low=1, high=MAX_TP, whole=True)
+    n = check_number(where, "num_speculative_tokens", row.get("num_speculative_tokens"), low=1, high=64, whole=True)
+    try:
+        rates = marginal_rates(row.get("per_position_acceptance"))
+    except CapacityError as e:
+        raise CapacityError(f"{where}: {e}") from None
+    if len(rates) < n or any(not (0 <= r <= 1) for r in rates):
+        raise bad_value(where, "per_position_acceptance", row.get("per_position_acceptance"),
+                        f"give {n:g} rates in [0, 1] separated by spaces (P(accepted >= k), k = 1..N)")
+    if _present(row.get("mean_accepted_length")):
+        check_number(where, "mean_accepted_length", row["mean_accepted_length"], low=1, high=n + 1)
+    for key in ("baseline_output_tok_s", "output_tok_s", "speedup"):
+        if _present(row.get(key)):
+            check_number(where, key, row[key], low=0, low_open=True)
+    for key in OPTIONAL_ENGINE:
+        if _present(row.get(key)):
             check_number(where, key, row[key], low=1, high=MAX_TOKENS, whole=True)
 
 
@@ -263,6 +289,9 @@ def read_measurements(path: Path) -> pd.DataFrame:
     """A serving-measurement file as strings, with its `file` name and `row` number in front."""
     df = read_csv_checked(path, SERVING_REQUIRED, "serving measurement")
     for i, row in enumerate(df.to_dict("records")):
+        for key in LABEL_COLUMNS:      # printed in skip reasons and tables: one line each
+            if any(ord(c) < 32 for c in str(row.get(key, ""))):
+                raise bad_value(f"{path} row {i + 1}", key, row[key], "give it on one line without control characters")
         if _is_modelled_kind(row):
             check_serving_row(row, f"{path} row {i + 1}")
     df.insert(0, "file", Path(path).name)
@@ -286,6 +315,8 @@ def read_spec_measurements(path: str | Path) -> pd.DataFrame:
     rates P(A >= k). Raises CapacityError naming the file and the missing columns."""
     path = Path(path)
     df = read_csv_checked(path, SPEC_REQUIRED, "speculative-speedup")
+    for i, row in enumerate(df.to_dict("records")):
+        check_spec_row(row, f"{path} row {i + 1}")
     for c in ("tp", "num_speculative_tokens", "mean_accepted_length", "baseline_output_tok_s", "output_tok_s",
               "speedup") + OPTIONAL_ENGINE:
         if c in df.columns:
