@@ -160,7 +160,8 @@ def blog_precision(text: Any) -> str | None:
 
 def bad_value(where: str, key: str, value: Any, want: str) -> CapacityError:
     """The one-line error for a cell or key whose value makes no sense."""
-    return CapacityError(f"{where}: {key} is {quote(value)}; {want}")
+    shown = "null" if value is None else quote(value)
+    return CapacityError(f"{where}: {key} is {shown}; {want}")
 
 
 def check_number(where: str, key: str, value: Any, *, low: float = 0.0, high: float = math.inf,
