@@ -123,6 +123,14 @@ def test_spec_csv_bad_cell(tmp_path, capsys, column, value):
     refused(["validate", tmp_path / "spec.csv", "--quiet"], capsys, "spec.csv", column)
 
 
+def test_measurement_file_too_large_or_name_too_long(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(readers, "MAX_FILE_BYTES", 1000)
+    big = tmp_path / "big.csv"
+    big.write_text("x" * 2000)
+    refused(["validate", big, "--quiet"], capsys, "big.csv", "2,000 bytes")
+    refused(["validate", "z" * 400, "--quiet"], capsys, "not found", "(400 characters)")
+
+
 def test_shipped_serving_file_passes_the_row_checks():
     assert len(read_measurements(default_serving_file())) > 1000
     assert len(read_spec_measurements(data_dir() / "measurements" / "seed_spec_decode.csv")) > 200

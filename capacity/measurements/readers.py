@@ -56,6 +56,7 @@ from capacity.measurements.schemas import (MAX_PROMPTS, MAX_TOKENS, MAX_TP, SERV
                                            model_aliases, parse_float, read_measurements)
 from capacity.util.text import quote
 
+MAX_FILE_BYTES = 256 * 2**20     # one measurement file (the shipped serving CSV is about 1 MB)
 FORMATS = ("vllm_result", "prometheus", "vllm_log", "serving_csv", "spec_csv")
 
 # Keys every `vllm bench serve` / benchmark_serving.py result has (both versions).
@@ -89,9 +90,17 @@ class Overrides:
 
 
 def _text(path: Path) -> str:
-    if not path.is_file():
-        raise CapacityError(f"measurement file {path} not found")
     try:
+        is_file = path.is_file()
+    except (OSError, ValueError):        # a name too long for the file system
+        is_file = False
+    if not is_file:
+        raise CapacityError(f"measurement file {quote(str(path))} not found")
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise CapacityError(f"{path}: {size:,} bytes, more than {MAX_FILE_BYTES:,}; split the measurements into "
+                                f"smaller files")
         return path.read_text(errors="replace")
     except OSError as e:
         raise CapacityError(f"{path}: cannot read it ({e.strerror or e})") from None
