@@ -324,9 +324,16 @@ def test_report_malformed_plan_json(tmp_path, capsys, text):
     assert not (tmp_path / "r.html").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="capacity/studies/plan.py: PlanConfig accepts inf (owner: plan.py; see issue 19)")
 def test_plan_target_rate_inf(capsys):
     refused(["plan", "--set", "plan.target_rate_rps=.inf"], capsys, "target_rate_rps")
+
+
+def test_plan_section_errors_name_the_key(capsys):
+    refused(["plan", "--set", "plan.headroom=abc"], capsys, "plan: headroom")
+    refused(["plan", "--set", "plan.search.speculative=[{method: bogus, num_speculative_tokens: 0}]"], capsys,
+            "unknown speculative method 'bogus'")
+    refused(["plan", "--set", "plan.search.speculative=[{method: eagle3, num_speculative_tokens: 1000}]"], capsys,
+            "num_speculative_tokens")
 
 
 # ---------------------------------------------------------------- the text summary
@@ -337,3 +344,10 @@ def test_summary_with_metrics_missing(capsys):
     assert "Traceback" not in "\n".join(err)
     ttft = next(line for line in out.splitlines() if line.startswith("TTFT ms"))
     assert ttft.split()[2:] == ["-", "-", "-", "-"]
+
+
+def test_trace_with_a_huge_token_count_is_refused(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n1.0,1e12,20\n")
+    refused(["simulate", "--no-compare", "--set", f"traffic.arrival={{process: trace, path: {trace}}}",
+             "--set", "traffic.classes=[]"], capsys, "data row 2", "1e12")

@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.errors import CapacityError
 from capacity.paths import data_dir
+from capacity.util.text import quote
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -89,6 +90,7 @@ __all__ = [
 
 # assumed: a guard against a typo such as duration_s: 1e9 filling memory (~40 bytes a request).
 MAX_REQUESTS = 50_000_000
+MAX_TRACE_TOKENS = 10**9   # a token count above this in a trace is a broken row (and would overflow int64 arithmetic)
 
 
 class _Strict(BaseModel):
@@ -426,11 +428,11 @@ def _token_column(raw: pd.Series, path: Path, column: str) -> np.ndarray:
     import pandas as pd
 
     values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64)
-    bad = ~np.isfinite(values) | (values < 0) | (values != np.floor(values))
+    bad = ~np.isfinite(values) | (values < 0) | (values != np.floor(values)) | (values > MAX_TRACE_TOKENS)
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
-        raise CapacityError(f"trace {path}: column {column} data row {row + 1} is {raw.iloc[row]!r}, "
-                            f"not a whole number of tokens >= 0; fix or remove that row")
+        raise CapacityError(f"trace {path}: column {column} data row {row + 1} is '{quote(raw.iloc[row], 60)}', "
+                            f"not a whole number of tokens from 0 to {MAX_TRACE_TOKENS:,}; fix or remove that row")
     return values.astype(np.int64)
 
 

@@ -43,11 +43,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capacity.cost.step_cost import StepFeatures
 from capacity.errors import CapacityError
@@ -56,17 +56,28 @@ from capacity.inputs.hardware import load_gpu
 from capacity.inputs.traffic import build_requests
 from capacity.sim import simulate, summary
 from capacity.sim.metrics import parse_slos
+from capacity.spec.methods import NO_SPECULATION, find_method, list_methods
 from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
+from capacity.util.text import quote
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SpecOption(_Strict):
     method: str = "none"
-    num_speculative_tokens: list[int] | int = 0
+    num_speculative_tokens: list[Annotated[int, Field(ge=0, le=64)]] | Annotated[int, Field(ge=0, le=64)] = 0
+
+    @field_validator("method")
+    @classmethod
+    def _known_method(cls, value: str) -> str:
+        # even with N = 0: an unknown name would otherwise be planned as "speculation <name> N=0"
+        if str(value).strip().lower() not in NO_SPECULATION and find_method(value) is None:
+            raise ValueError(f"unknown speculative method {quote(str(value), 60)!r}; use none or one of "
+                             f"{', '.join(m.name for m in list_methods())}")
+        return value
     draft: str | None = None
     acceptance: dict[str, Any] | None = None
     policy: dict[str, Any] | None = None
@@ -285,8 +296,8 @@ def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
         raise CapacityError(f"{path}: no plan section: add plan: {{target_rate_rps: ..., search: ...}} (see scenarios/default.yaml)")
     try:
         cfg = PlanConfig.model_validate(base["plan"])
-    except Exception as e:  # pydantic ValidationError -> one line
-        raise CapacityError(f"{path}: plan: {str(e).splitlines()[0]} ({str(e).splitlines()[-1].strip()})") from None
+    except ValidationError as e:
+        raise CapacityError(scenario_mod.one_line(e, f"{path}: plan")) from None
     sc0 = scenario_mod.from_dict({k: v for k, v in base.items() if k != "plan"}, str(path))
     if not sc0.slo:
         raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
@@ -616,7 +627,6 @@ def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, A
         else:
             rate = st.target * k
         start = max(1, math.ceil(rate / best.max_rate_per_replica_rps - 1e-9))
-        runs: dict[int, bool] = {}
 
         def meets(r: int, c=c, rate=rate, label=label) -> bool:
             prog.update(f"what if {label}: {c.label} × {r} replicas at {rate:g} req/s")
