@@ -341,7 +341,7 @@ def free_form_notes() -> list[Note]:
             "",
             "* `target_rate_rps` (required, requests/s): the rate the cluster must serve;",
             "* `headroom` (default 0.2): plan for target × (1 + headroom);",
-            "* `simulate_top` (default 6): candidates confirmed with the simulator;",
+            "* `simulate_top` (default 6): candidates simulated one replica at a time in each shortlist round (the best up to 3 are then confirmed on the whole cluster);",
             "* `requests_per_probe` (default 300, ≥ 50): requests per simulated probe;",
             "* `max_replicas` (default 256);",
             "* `search`: the candidates, each a list: `gpu` (default [MI300X, MI355X]), "

@@ -95,7 +95,7 @@ class PlanConfig(_Strict):
     target_rate_rps: float = Field(gt=0, description="requests per second the cluster must serve")
     headroom: float = Field(0.2, ge=0, le=4, description="plan for target × (1 + headroom)")
     search: SearchSpace = Field(default_factory=SearchSpace)
-    simulate_top: int = Field(6, ge=1, description="candidates confirmed with the simulator")
+    simulate_top: int = Field(6, ge=1, description="candidates simulated one replica at a time in each shortlist round")
     requests_per_probe: int = Field(300, ge=50)
     max_replicas: int = Field(256, ge=1)
 
