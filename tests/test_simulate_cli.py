@@ -73,6 +73,18 @@ def test_same_seed_same_bytes(capsys):
     assert set(second["metrics"]["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
 
 
+def test_json_reruns_are_byte_identical(capsys, tmp_path):
+    """The whole `--json` output and the written result.json carry no wall-clock figure, so two runs
+    of one scenario and seed compare byte for byte (the text summary says how long a run took)."""
+    outputs = []
+    for i in range(2):
+        assert main(["simulate", "--json", "--set", "traffic.num_requests=60", "--out", str(tmp_path / f"r{i}")]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1]
+    assert (tmp_path / "r0" / "result.json").read_bytes() == (tmp_path / "r1" / "result.json").read_bytes()
+    assert "wall_time_s" not in outputs[0] and "speed_x_real_time" not in outputs[0]
+
+
 @pytest.mark.parametrize("args, words", [
     (["simulate", "--set", "deployment.tensor_paralel_size=2"], "unknown key"),
     (["simulate", "--set", "deployment.gpu=A100"], "unknown GPU"),

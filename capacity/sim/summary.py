@@ -22,11 +22,11 @@ def simulation_payload(result: SimulationResult) -> dict[str, Any]:
         "metrics": result.metrics,
         "memory": result.deployed.memory,
         "step_breakdown_s": result.step_breakdown_s,
+        # no wall-clock figures here: two runs of one scenario and seed write the same bytes (the text
+        # summary says how long the run took)
         "simulation": {
             "num_steps": result.num_steps,
             "sim_time_s": result.sim_time_s,
-            "wall_time_s": result.wall_time_s,
-            "speed_x_real_time": result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else None,
         },
         **result.extras,
     }

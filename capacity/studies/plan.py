@@ -269,8 +269,7 @@ class PlanResult:
                 "servers": dep.get("servers"), "vllm_serve": dep.get("vllm_serve"),
                 "vllm_bench_serve": dep.get("vllm_bench_serve"),
                 "sensitivity": self.recommendation.get("sensitivity"),
-                "candidates": self.candidates, "evidence": self.evidence,
-                "wall_time_s": self.wall_time_s}
+                "candidates": self.candidates, "evidence": self.evidence}   # no wall time: reruns compare byte for byte
 
 
 @dataclass
