@@ -117,3 +117,57 @@ def test_validate_on_shipped_rows(capsys):
     for col in ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms"):
         if row[col] not in ("", None):
             assert row[f"predicted_{col}"] > 0
+
+
+def _stream(arrival, prompt, output):
+    from capacity.inputs.traffic import RequestStream
+
+    n = len(prompt)
+    return RequestStream(arrival_s=np.asarray(arrival, dtype=float), prompt_tokens=np.asarray(prompt, dtype=np.int64),
+                         output_tokens=np.asarray(output, dtype=np.int64), class_index=np.zeros(n, dtype=np.int64),
+                         class_names=["c"], concurrency=None)
+
+
+def test_requests_above_max_model_len_are_failed_and_change_nothing_else():
+    """vLLM refuses a request whose prompt + output exceed --max-model-len and `vllm bench serve`
+    counts it in `failed`, outside every statistic (vllm/benchmarks/serve.py calculate_metrics). So an
+    open-loop run with such requests equals, for the others, the run without them."""
+    from capacity.inputs import scenario
+    from capacity.sim import simulate
+
+    rng = np.random.default_rng(1)
+    n = 120
+    arrival = np.cumsum(rng.exponential(0.5, n))
+    prompt = rng.integers(100, 1500, n)
+    output = rng.integers(20, 300, n)
+    limit = 1200
+    too_long = prompt + output > limit                    # computed here, independently of the simulator
+    assert 10 < too_long.sum() < n - 10
+    sc = scenario.from_dict({"name": "mml", "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+                             "engine": {"max_model_len": limit},
+                             "traffic": {"arrival": {"process": "poisson", "rate_rps": 2.0}, "num_requests": n,
+                                         "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 10},
+                                                      "output_tokens": {"dist": "fixed", "value": 10}}]}}, "test")
+    with_refused = simulate.run(sc, stream=_stream(arrival, prompt, output))
+    keep = ~too_long
+    without = simulate.run(sc, stream=_stream(arrival[keep], prompt[keep], output[keep]))
+    m, ref = with_refused.metrics, without.metrics
+    assert m["failed"] == int(too_long.sum()) and ref["failed"] == 0
+    assert m["completed"] == ref["completed"] == int(keep.sum())
+    for key in ("ttft_ms", "tpot_ms", "e2e_ms"):            # the same requests, the same times
+        assert m[key] == pytest.approx(ref[key], rel=1e-12)   # (a mean summed over a filtered frame: last bits)
+    assert m["total_output_tokens"] == ref["total_output_tokens"] == int(output[keep].sum())
+
+
+def test_every_request_above_max_model_len_is_one_line(capsys):
+    rc = main(["simulate", "--no-compare", "--set", "engine.max_model_len=16", "--set", "traffic.num_requests=20"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "max_model_len 16" in err[0]
+
+
+def test_a_closed_loop_user_sends_the_next_request_after_a_refusal(capsys):
+    args = ["simulate", "--no-compare", "--json", "--set", "engine.max_model_len=2000", "--set", "traffic.num_requests=200",
+            "--set", "traffic.arrival={process: closed_loop, concurrency: 4}"]
+    assert main(args) == 0
+    m = json.loads(capsys.readouterr().out)["metrics"]
+    assert m["failed"] > 0 and m["failed"] + m["completed"] == 200 and m["unfinished"] == 0

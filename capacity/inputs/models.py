@@ -247,6 +247,7 @@ class ModelArch:
     params_native_mtp: int = 0                # native MTP modules, excl. the shared embedding and LM head
     mtp_kv_bytes_per_token: float = 0.0       # KV per context token the native MTP layers add when used
     tied_embeddings: bool = False             # the LM head is the input embedding table (stored once)
+    max_position_embeddings: int | None = None   # the config's context window: vLLM's default --max-model-len
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def __hash__(self) -> int:
@@ -1177,6 +1178,7 @@ def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: l
         num_full_attention_layers=s.kinds.count("full"),
         num_sliding_attention_layers=s.kinds.count("sliding"),
         sliding_window=s.window,
+        max_position_embeddings=s.cfg.int("max_position_embeddings"),
         num_linear_attention_layers=s.kinds.count("linear"),
         uses_mla=s.uses_mla,
         params_total=int(tot.params_total),

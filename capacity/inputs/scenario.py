@@ -87,6 +87,11 @@ class Engine(_Strict):
                                                                  "decode and verification tokens), per replica")
     max_num_seqs: int = Field(1024, ge=1, description="most requests running at once in one replica")
     block_size: int = Field(16, ge=1, description="tokens per KV-cache block", json_schema_extra={"unit": "tokens"})
+    max_model_len: int | None = Field(
+        None, ge=1, description="vLLM --max-model-len: a request whose prompt + output tokens exceed it is refused "
+                                "by the server and counted as failed, outside every statistic, as vllm bench serve "
+                                "does; null = the model config's max_position_embeddings",
+        json_schema_extra={"unit": "tokens"})
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's HBM vLLM may use for "
                                                                         "weights, activations and the KV cache")
     long_prefill_token_threshold: int = Field(0, ge=0, description="most prompt tokens one request gets in a step "

@@ -479,6 +479,12 @@ def summarize(
     `slo_met` is False whenever the run is unstable: its statistics describe a transient, not a
     steady state.
     """
+    failed = 0
+    if "rejected" in requests.columns:          # refused by the server: outside every statistic (vllm bench serve)
+        refused = requests["rejected"].to_numpy(bool)
+        failed = int(refused.sum())
+        if failed:
+            requests = requests[~refused]
     df = _sent(per_request_frame(requests))
     done = df[df["completed"]]
     duration_s = float(run.end_s - run.start_s)
@@ -509,6 +515,7 @@ def summarize(
         "not_sent": int(len(requests) - len(df)),
         "completed": completed,
         "unfinished": int(len(df)) - completed,
+        "failed": failed,
         "duration_s": duration_s,
         "total_input_tokens": total_in,
         "total_output_tokens": total_out,

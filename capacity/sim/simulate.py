@@ -193,10 +193,12 @@ class Cluster:
     """Replicas behind a router; open-loop arrivals or a closed loop of `concurrency` users."""
 
     def __init__(self, env: simpy.Environment, deployed: Deployed, stream: RequestStream,
-                 replicas: int, router: str, rng: np.random.Generator):
+                 replicas: int, router: str, rng: np.random.Generator, rejected: np.ndarray | None = None):
         self.env = env
         self.stream = stream
         self.table = RequestTable(stream.prompt_tokens, stream.output_tokens, stream.arrival_s)
+        # requests the server refuses (longer than max_model_len): sent, answered with an error, never scheduled
+        self.rejected = np.zeros(len(stream), dtype=bool) if rejected is None else np.asarray(rejected, dtype=bool)
         self.router = router
         self._rr = 0
         self._next = 0
@@ -231,6 +233,11 @@ class Cluster:
         self._next += 1
         if self.stream.concurrency is not None:
             self.table.arrival[rid] = self.env.now
+        if self.rejected[rid]:
+            self._pick()            # the load balancer still sends it (a round-robin turn), the replica refuses it
+            self._refused(rid)
+            return
+        if self.stream.concurrency is not None:
             if self.request_delay_s > 0:
                 self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev, rid=rid: self._pick().submit(rid))
                 return
@@ -254,6 +261,15 @@ class Cluster:
         if n == 1 or (self.router == "round_robin" and self.replicas[self._rr % n] is replica):
             return self._next_arrival_s
         return None
+
+    def _refused(self, rid: int) -> None:
+        """A refused request is done without a scheduler: a closed-loop user gets the error after the
+        serving stack's delay and sends the next request (an event, not a call: a run of refused
+        requests must not recurse)."""
+        if self.stream.concurrency is not None:
+            self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev: self._finished(np.array([rid])))
+        else:
+            self._finished(np.array([rid]))
 
     def _finished(self, ids: np.ndarray) -> None:
         self._done += len(ids)
@@ -300,7 +316,16 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         stream = build_requests(scenario.traffic, traffic_rng)
     if len(stream) == 0:
         raise CapacityError("the traffic produced no requests: set traffic.num_requests or traffic.duration_s")
-    longest = int((stream.prompt_tokens + stream.output_tokens).max())
+    # vLLM refuses a request whose prompt + output exceed max_model_len (the server's input check);
+    # `vllm bench serve` counts it as failed and leaves it out of every statistic
+    lengths = stream.prompt_tokens + stream.output_tokens
+    max_model_len = scenario.engine.max_model_len or deployed.model.max_position_embeddings
+    rejected = lengths > max_model_len if max_model_len else np.zeros(len(stream), dtype=bool)
+    if rejected.all():
+        raise CapacityError(f"every request is longer than max_model_len {max_model_len:,} tokens (prompt + output "
+                            f"up to {int(lengths.max()):,}); shorten the requests or raise engine.max_model_len "
+                            f"within the model's context window")
+    longest = int(lengths[~rejected].max())
     need = int(deployed.kv_blocks_for(np.array([longest]))[0])
     if need > deployed.limits.num_gpu_blocks:
         raise CapacityError(
@@ -308,7 +333,7 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
             "raise deployment.tensor_parallel_size, engine.gpu_memory_utilization or shorten the requests")
     env = simpy.Environment()
     d = scenario.deployment
-    cluster = Cluster(env, deployed, stream, d.replicas, d.router, engine_rng)
+    cluster = Cluster(env, deployed, stream, d.replicas, d.router, engine_rng, rejected)
     open_loop = stream.concurrency is None
     last_arrival = float(np.nanmax(stream.arrival_s)) if open_loop else 0.0
     horizon = scenario.simulation.max_sim_time_s or (last_arrival * 1.5 + 300.0 if open_loop else None)
@@ -372,4 +397,5 @@ def _request_frame(cluster: Cluster, stream: RequestStream) -> pd.DataFrame:
         "spec_drafted": t.spec_drafted,
         "spec_accepted": t.spec_accepted,
         "spec_steps": t.spec_steps,
+        "rejected": cluster.rejected,
     })

@@ -70,7 +70,9 @@ def simulation_summary(result: SimulationResult) -> str:
     verdict = "stable" if m["stable"] else "UNSTABLE (the queue grows without bound: numbers below are not steady-state)"
     lines += [
         f"Result     {verdict}; {_num(m.get('completed'), 'd')}/{_num(m.get('num_requests'), 'd')} requests in "
-        f"{_num(m.get('duration_s'), '.1f')} s",
+        f"{_num(m.get('duration_s'), '.1f')} s"
+        + (f"; {m['failed']} more refused (prompt + output above max_model_len), as vllm bench serve's failed"
+           if m.get("failed") else ""),
         f"Throughput {_num(m.get('request_throughput_rps'), '.2f')} req/s, {_num(m.get('output_throughput_tok_s'), ',.0f')} "
         f"output tok/s ({_num(m.get('output_throughput_tok_s_per_gpu'), ',.0f')} per GPU), "
         f"{_num(m.get('total_throughput_tok_s'), ',.0f')} total tok/s",
