@@ -3,6 +3,7 @@ free-form values agree with the modules that read them."""
 
 from __future__ import annotations
 
+import copy
 import re
 import tomllib
 from pathlib import Path
@@ -170,3 +171,20 @@ def test_check_mode_reports_a_stale_readme(tmp_path, monkeypatch, capsys):
     assert scenario_doc.REGENERATE in capsys.readouterr().err
     assert scenario_doc.main([]) == 0 and scenario_doc.main(["--check"]) == 0
     assert stale.read_text(encoding="utf-8") == scenario_doc.render_markdown()
+
+
+def test_switching_the_arrival_process_drops_only_the_keys_it_does_not_take():
+    """`--set traffic.arrival.process=...` on a Poisson scenario (issue 18: it used to need rate_rps removed by
+    hand): the new process keeps the keys it shares and loses the others; a misspelled key still fails."""
+    from capacity.errors import CapacityError
+    from capacity.inputs import scenario
+
+    base = {"traffic": {"arrival": {"process": "poisson", "rate_rps": 3.0, "vllm_rescale": False}}}
+    trace = scenario.apply_overrides(copy.deepcopy(base), ["traffic.arrival.process=trace",
+                                                           "traffic.arrival.path=azure2023_conv"])
+    assert trace["traffic"]["arrival"] == {"process": "trace", "path": "azure2023_conv"}
+    gamma = scenario.apply_overrides(copy.deepcopy(base), ["traffic.arrival.process=gamma",
+                                                           "traffic.arrival.burstiness=0.5"])
+    assert gamma["traffic"]["arrival"] == {"process": "gamma", "rate_rps": 3.0, "vllm_rescale": False, "burstiness": 0.5}
+    with pytest.raises(CapacityError, match="concurrency"):          # the misspelling is not silently dropped
+        scenario.load(None, ["traffic.arrival.process=closed_loop", "traffic.arrival.concurency=4"])

@@ -9,7 +9,7 @@ unit and meaning: scenarios/README.md, generated from these models by capacity/i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import math
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from capacity.errors import CapacityError
 from capacity.paths import scenarios_dir
-from capacity.inputs.traffic import TrafficConfig
+from capacity.inputs.traffic import Arrival, TrafficConfig
 from capacity.inputs import safe_yaml
 from capacity.util.text import quote
 
@@ -25,6 +25,10 @@ DEFAULT_SCENARIO = "default"
 MAX_SPEC_TOKENS = 64      # drafts per step: published configurations use at most 16 (DFlash); beyond 64 is a typo
 MAX_NAME_BYTES = 255      # one path component (file systems refuse longer names)
 MAX_PATH_BYTES = 4096
+
+# process name -> the keys its arrival model takes (the discriminated union of inputs/traffic.py)
+_ARRIVAL_FIELDS: dict[str, frozenset[str]] = {
+    model.model_fields["process"].default: frozenset(model.model_fields) for model in get_args(get_args(Arrival)[0])}
 
 
 def _check_name(value: str | None) -> str | None:
@@ -197,8 +201,20 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise CapacityError(f"--set '{quote(item)}': '{quote(part, 60)}' is not a section")
             node = child
+        if parts[-2:] == ["arrival", "process"] and node.get("process") != value:
+            _switch_process(node, value)
         node[parts[-1]] = value
     return data
+
+
+def _switch_process(arrival: dict[str, Any], process: Any) -> None:
+    """`--set traffic.arrival.process=trace` on a Poisson scenario: drop the keys the new process does
+    not take (its rate_rps), keep those it shares (gamma keeps a Poisson rate_rps), so a one-line
+    what-if needs no hand edit; later `--set` items give the new process its own keys."""
+    allowed = _ARRIVAL_FIELDS.get(str(process))
+    if allowed is not None:
+        for key in [k for k in arrival if k not in allowed]:
+            del arrival[key]
 
 
 def one_line(error: ValidationError, source: str) -> str:
