@@ -21,19 +21,12 @@ from capacity.util.jsonio import print_json
 def cmd_simulate(args: argparse.Namespace) -> int:
     # the command's own layers, imported on use (module docstring)
     from capacity.inputs import scenario as scenario_mod
-    from capacity.sim import simulate
     from capacity.sim import summary
 
     sc = scenario_mod.load(args.scenario, args.set)
     if args.seed is not None:
         sc.simulation.seed = args.seed
-    result = simulate.run(sc)
-    if sc.speculative.method != "none" and sc.speculative.num_speculative_tokens > 0 and not args.no_compare:
-        # the same traffic (same seed) without speculation, to show what speculation changes
-        baseline = simulate.run(sc.model_copy(update={"speculative": scenario_mod.Speculative()}))
-        result.extras["without_speculation"] = {"metrics": baseline.metrics, "stable": baseline.stable}
-        result.extras["speculation_by_batch"] = summary.speculation_by_batch(result)
-        result.comparison = baseline
+    result = summary.run_with_comparison(sc, compare=not args.no_compare)
     payload = summary.simulation_payload(result)
     if args.out:
         summary.write_simulation(result, payload, Path(args.out))

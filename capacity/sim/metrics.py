@@ -572,3 +572,18 @@ def summarize(
         result[key] = {k: _json_float(v) for k, v in result[key].items()}
     result["tok_s_per_user_at_median_tpot"] = _json_float(result["tok_s_per_user_at_median_tpot"])
     return result
+
+
+def flatten_metrics(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`summarize`'s nested metrics as one flat row: ttft_ms.p99 -> ttft_ms_p99 (per-SLO detail lists left out:
+    their verdicts are in slo_met). A sweep's result row and the notebook API's metrics frame."""
+    out: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten_metrics(value, f"{name}_"))
+        elif isinstance(value, (list, tuple)):
+            continue  # per-SLO details: their verdicts are in slo_met, their values in the statistics
+        else:
+            out[name] = value
+    return out

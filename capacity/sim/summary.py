@@ -8,9 +8,23 @@ from typing import Any
 import numpy as np
 import yaml
 
+from capacity.inputs.scenario import Scenario, Speculative
+from capacity.sim import simulate
 from capacity.sim.simulate import SimulationResult
 from capacity.spec.policies import break_even, decode_step_time
 from capacity.util.jsonio import write_json
+
+
+def run_with_comparison(sc: Scenario, compare: bool = True) -> SimulationResult:
+    """`capacity simulate`: the scenario, and with speculation on (unless `compare` is False) the same
+    traffic (same seed) without it, to show what speculation changes (`result.comparison`)."""
+    result = simulate.run(sc)
+    if compare and sc.speculative.method != "none" and sc.speculative.num_speculative_tokens > 0:
+        baseline = simulate.run(sc.model_copy(update={"speculative": Speculative()}))
+        result.extras["without_speculation"] = {"metrics": baseline.metrics, "stable": baseline.stable}
+        result.extras["speculation_by_batch"] = speculation_by_batch(result)
+        result.comparison = baseline
+    return result
 
 
 def simulation_payload(result: SimulationResult) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 from capacity.sim import simulate
+from capacity.sim.metrics import flatten_metrics
 from capacity.sim.summary import speculation_by_batch
 from capacity.spec.methods import get_method
 from capacity.util.jsonio import clean
@@ -249,19 +250,6 @@ def validate_points(spec: SweepSpec) -> None:
 
 
 # ---------------------------------------------------------------------- one point
-def _flatten(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{name}_"))
-        elif isinstance(value, (list, tuple)):
-            continue  # per-SLO details: their verdicts are in slo_met, their values in the statistics
-        else:
-            out[name] = value
-    return out
-
-
 def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> dict[str, Any]:
     """Simulate one grid point -> its result row (a CapacityError becomes the row's `error`)."""
     t0 = time.perf_counter()
@@ -273,7 +261,7 @@ def run_point(base: dict[str, Any], point: Point, source: str = "scenario") -> d
         return clean(row)
     row["stable"] = result.stable
     row["num_gpus"] = result.num_gpus
-    row.update(_flatten(result.metrics))
+    row.update(flatten_metrics(result.metrics))
     r = result.requests
     steps = int(r["spec_steps"].sum())
     row["spec_mean_accepted_length"] = 1 + float(r["spec_accepted"].sum()) / steps if steps else None
