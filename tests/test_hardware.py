@@ -457,6 +457,14 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
     assert gpu.board_power_w == PUBLISHED[name][6] != sib.board_power_w
 
 
+def test_mi350x_peaks_match_amds_rounded_figures():
+    # AMD's MI350X page rounds the dense peaks to 2.3 PF (FP16/BF16), 4.6 PF (FP8), 9.2 PF (MXFP4): an
+    # independent check of the clock-ratio derivation the profile uses
+    peaks = load_gpu("MI350X").peak_dense_tflops
+    for dtype, rounded in (("bf16", 2300), ("fp8", 4600), ("fp4", 9200)):
+        assert abs(peaks[dtype] - rounded) <= 0.005 * rounded, dtype
+
+
 def test_mi325x_gemm_carries_the_measured_sustained_clock_difference():
     # AMD's max-achievable-FLOPS table [MAF]: on the same die and kernels MI325X (1000 W) reaches 843
     # bf16 TFLOPS, MI300X (750 W) 708; the transferred GEMM efficiency keeps that ratio.

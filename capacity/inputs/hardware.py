@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from capacity.errors import CapacityError
 from capacity.paths import hw_profiles_dir
+from capacity.util.text import quote
 from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
@@ -680,21 +681,16 @@ def _describe_validation_error(exc: ValidationError) -> str:
     elif kind == "extra_forbidden":
         text = f"unknown key '{loc}'"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
-        text = f"'{loc}' must be a mapping {{value, unit, basis, source}}, got {_short(given)}"
+        text = f"'{loc}' must be a mapping {{value, unit, basis, source}}, got {quote(repr(given), 60)}"
     elif kind.startswith("float") or kind.startswith("finite"):
-        text = f"'{loc}' must be a finite number, got {_short(given)}"
+        text = f"'{loc}' must be a finite number, got {quote(repr(given), 60)}"
     elif kind.startswith("string"):
-        text = f"'{loc}' must be non-empty text, got {_short(given)}"
+        text = f"'{loc}' must be non-empty text, got {quote(repr(given), 60)}"
     else:
         text = f"'{loc}': {first['msg']}"
     if len(errors) > 1:
         text += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
     return text
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _known_profiles() -> dict[str, Path]:
