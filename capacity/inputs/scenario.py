@@ -74,9 +74,12 @@ class Deployment(_Strict):
     expert_parallel: bool = Field(False, description="vLLM --enable-expert-parallel: MoE experts are spread whole over "
                                                      "the tensor-parallel GPUs instead of sliced (EP size = TP size)")
     replicas: int = Field(1, ge=1, description="identical engine replicas behind the router; GPUs = replicas × tensor_parallel_size")
-    router: Literal["round_robin", "least_outstanding"] = Field(
-        "least_outstanding", description="how requests are spread over replicas: in turn, or to the replica with the "
-                                         "fewest unfinished requests (ties: the lowest index)")
+    router: Literal["round_robin", "least_outstanding", "session_affinity", "prefix_aware"] = Field(
+        "least_outstanding", description="how requests are spread over replicas: in turn; to the replica with the "
+                                         "fewest unfinished requests (ties: the lowest index); session_affinity: a "
+                                         "conversation's turns stay on the replica its first turn went to (least "
+                                         "outstanding); prefix_aware: llm-d's endpoint picker, 3 x the share of the "
+                                         "prompt cached on a replica + 2 x its waiting-queue score")
     gpu_overrides: dict[str, Any] = Field(default_factory=dict, description="e.g. {efficiency: {gemm: 0.6}, cost_per_gpu_hour_usd: 2.5}")
 
     _names = field_validator("gpu", "model")(_check_name)
@@ -102,6 +105,10 @@ class Engine(_Strict):
                                                                    "(vLLM --long-prefill-token-threshold); 0 = no cap")
     enable_chunked_prefill: bool = Field(True, description="false: a waiting request is admitted only when its whole "
                                                            "prompt fits the step's remaining token budget")
+    enable_prefix_caching: bool = Field(
+        True, description="vLLM's automatic prefix caching (on by default, as in vLLM): a request starts at its "
+                          "longest cached prefix of full KV blocks; blocks are known only from traffic that carries "
+                          "identities (sessions, traces with hash_ids); false = every prompt is computed whole")
     model_runner: Literal["v1", "v2"] = Field(
         "v1", description="vLLM GPU model runner (VLLM_USE_V2_MODEL_RUNNER=1 selects v2). v1, the default, does "
                           "per-request host work in speculative steps that the hardware profile's "

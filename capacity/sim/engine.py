@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
+from capacity.sim.prefix_cache import HitCounters, PrefixCache, RequestBlocks
 from capacity.spec.interface import NoSpeculation, Speculation
 from capacity.cost.interface import StepCost
 from capacity.cost.step_cost import (NUM_FEATURES, StepFeatures, StepTime, TokenTable, all_true, float_sum,
@@ -50,6 +51,7 @@ class EngineLimits:
     num_gpu_blocks: int
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
 
 
 # columns of RequestTable.ints: the counts the engine reads and updates together
@@ -81,6 +83,7 @@ class RequestTable:
         self.last_emit = np.full(n, np.nan)
         self.num_chunks = self.ints[:, CHUNKS]
         self.num_preemptions = np.zeros(n, dtype=np.int64)
+        self.cached_tokens = np.zeros(n, dtype=np.int64)   # prompt tokens found in the prefix cache at first admission
         self.spec_drafted = self.ints[:, DRAFTED]
         self.spec_accepted = self.ints[:, ACCEPTED]
         self.spec_steps = self.ints[:, SPEC_STEPS]
@@ -307,7 +310,7 @@ class Replica:
     def __init__(self, env: simpy.Environment, index: int, table: RequestTable,
                  cost: StepCost, limits: EngineLimits, kv_blocks_for: Callable[[np.ndarray], np.ndarray],
                  on_finish: Callable[[np.ndarray], None], rng: np.random.Generator,
-                 speculation: Speculation | None = None):
+                 speculation: Speculation | None = None, prefix_keys=None, drop_last_hit: bool = False):
         self.env = env
         self.index = index
         self.table = table
@@ -324,6 +327,19 @@ class Replica:
         self.waiting: deque[int] = deque()
         self.free_blocks = limits.num_gpu_blocks
         self.recorder = StepRecorder()
+        # prefix caching (vLLM's enable_prefix_caching; sim/prefix_cache.py): None when off. `prefix_keys`
+        # gives block identities (traffic.PrefixKeys); requests without them hold anonymous blocks.
+        # With caching on but no identities every look-up misses: only the counters are kept.
+        self.cache: PrefixCache | None = None
+        self.counters: HitCounters | None = None
+        self.prefix_keys = prefix_keys
+        self._cached: dict[int, RequestBlocks] = {}   # running requests' blocks in the cache
+        if limits.enable_prefix_caching:
+            if prefix_keys is not None:
+                self.cache = PrefixCache(limits.num_gpu_blocks, limits.block_size, self._blocks, drop_last_hit)
+                self.counters = self.cache.counters
+            else:
+                self.counters = HitCounters()
         self._wakeup: simpy.Event | None = None
         self._in_run = False                       # in a decode run that an arrival must interrupt
         # when the next arrival comes, if it is known ahead to come to this replica (else None); set by
@@ -510,8 +526,8 @@ class Replica:
         rec.add_run(ends, durations, B, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, step, K,
                     parts["draft"] if k else None)
         gone = [counts[i] for i in done]
-        for r in gone:                                               # finished requests free their blocks
-            self.free_blocks += r[BLOCKS]
+        for i, r in zip(done, gone):                                 # finished requests free their blocks
+            self.free_blocks += r[BLOCKS] if self.cache is None else self._release(int(ids[i]), r)
             r[BLOCKS] = 0
         gaps = [ends[0] - t.last_emit[ids]]
         if K > 1:
@@ -593,7 +609,8 @@ class Replica:
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)
         if not preempted and self.waiting:
-            adm_ids, adm_tokens, adm_rows = self._admit(budget)
+            scheduled = (ids, sched_rows, new_tokens) if self.cache is not None and len(ids) else None
+            adm_ids, adm_tokens, adm_rows = self._admit(budget, scheduled)
             if adm_ids:
                 decode_k = None
                 n = len(ids)
@@ -671,8 +688,9 @@ class Replica:
                 i += 1
                 continue
             while extra[i] > free:
-                free += self._rows[n - 1][BLOCKS]
-                self._preempt(int(self.running[n - 1]), self._rows[n - 1])
+                last, row = int(self.running[n - 1]), self._rows[n - 1]
+                free += row[BLOCKS] if self.cache is None else self._release(last, row)
+                self._preempt(last, row)
                 n -= 1
                 preempted = True
                 if n == i:  # the request itself was preempted
@@ -697,28 +715,63 @@ class Replica:
         t.num_preemptions[rid] += 1
         self.waiting.appendleft(rid)
 
-    def _admit(self, budget: int) -> tuple[list[int], list[int], list[list[int]]]:
+    def _admit(self, budget: int, scheduled: tuple | None = None) -> tuple[list[int], list[int], list[list[int]]]:
         """Admit waiting requests FCFS (chunked prefill fills the remaining budget). Returns their ids,
-        tokens and counts rows (which the replica keeps from now on)."""
+        tokens and counts rows (which the replica keeps from now on). With prefix caching a new or
+        resumed request starts at its longest cached prefix (sim/prefix_cache.py); `scheduled` is
+        this step's (ids, rows, tokens) of running requests, whose blocks are cached first, as vLLM
+        caches them when it schedules them."""
         t, lim = self.table, self.limits
         ids: list[int] = []
         tokens: list[int] = []
         rows: list[list[int]] = []
         room = lim.max_num_seqs - len(self.running)
+        cache = self.cache
+        if cache is not None:
+            self._cache_running(scheduled)
         while self.waiting and budget > 0 and len(ids) < room:
             rid = self.waiting[0]
             row = t.ints[rid].tolist()
-            n = row[PROMPT] + row[OUT] - row[COMPUTED]
+            hit = 0
+            if cache is not None and row[COMPUTED] == 0:
+                cache.take(self.free_blocks)                 # allocations since the last look
+                state = self._cached.get(rid)
+                if state is None:
+                    state = self._cached[rid] = RequestBlocks(self._block_keys(rid))
+                known = row[PROMPT] + row[OUT]
+                hit_blocks = cache.hit_blocks(state.keys, known)
+                hit = hit_blocks * lim.block_size
+            n = row[PROMPT] + row[OUT] - row[COMPUTED] - hit
             if lim.long_prefill_token_threshold > 0:
                 n = min(n, lim.long_prefill_token_threshold)
             if not lim.enable_chunked_prefill and n > budget:
                 break
             n = min(n, budget)
-            blocks = self._kv_blocks([row[COMPUTED]], n)[0]
-            if blocks > self.free_blocks:
-                break
+            if hit:
+                at_hit, blocks = self._kv_blocks([hit, hit + n])
+                evictable = cache.evictable_units(state.keys[:hit_blocks])
+                if blocks - at_hit + evictable > self.free_blocks:
+                    break
+            else:
+                blocks = self._kv_blocks([row[COMPUTED]], n)[0]
+                if blocks > self.free_blocks:
+                    break
             self.waiting.popleft()
-            self.free_blocks -= blocks
+            if cache is not None and row[COMPUTED] == 0:
+                if hit:
+                    self.free_blocks -= cache.touch(state, hit_blocks) + blocks - at_hit
+                    row[COMPUTED] = hit
+                else:
+                    self.free_blocks -= blocks
+                preempted = t.num_preemptions[rid] > 0
+                if not preempted:
+                    t.cached_tokens[rid] = hit
+                cache.counters.record(known, hit, preempted)
+                cache.cache(state, (hit + n) // lim.block_size)   # the chunk's full blocks (hit + n <= known)
+            else:
+                self.free_blocks -= blocks
+                if self.counters is not None and row[COMPUTED] == 0:    # caching on, nothing to find
+                    self.counters.record(row[PROMPT] + row[OUT], 0, t.num_preemptions[rid] > 0)
             row[BLOCKS] = blocks
             if math.isnan(t.first_scheduled[rid]):
                 t.first_scheduled[rid] = self.env.now
@@ -727,6 +780,49 @@ class Replica:
             rows.append(row)
             budget -= n
         return ids, tokens, rows
+
+    # ------------------------------------------------------------------ prefix caching
+    def _block_keys(self, rid: int) -> list[int]:
+        keys = self.prefix_keys
+        return [] if keys is None else keys.block_keys(rid, self.limits.block_size)
+
+    def _cache_running(self, scheduled: tuple | None) -> None:
+        """Cache the full blocks of running requests: up to what this step computes for the
+        scheduled ones (`scheduled`: ids, rows, tokens), else up to what they have computed."""
+        cache, bs, states = self.cache, self.limits.block_size, self._cached
+        if scheduled is not None:
+            ids, rows, tokens = scheduled
+            for rid, r, q in zip(ids.tolist(), rows, _per_request(tokens, len(ids))):
+                state = states[rid]
+                full = min(r[COMPUTED] + q, r[PROMPT] + r[OUT]) // bs
+                if full > state.num_cached:
+                    cache.cache(state, full)
+        else:
+            for rid, r in zip(self.running.tolist(), self._rows):
+                state = states[rid]
+                full = min(r[COMPUTED], r[PROMPT] + r[OUT]) // bs
+                if full > state.num_cached:
+                    cache.cache(state, full)
+
+    def _release(self, rid: int, row: list[int]) -> int:
+        """A request leaves the batch (finished or preempted): its blocks go back; returns the
+        units freed (with prefix caching, blocks other requests hold stay held)."""
+        if self.cache is None:
+            return row[BLOCKS]
+        state = self._cached.pop(rid)
+        cache = self.cache
+        cache.cache(state, min(row[COMPUTED], row[PROMPT] + row[OUT]) // self.limits.block_size)
+        return cache.free(state, row[BLOCKS])
+
+    def cached_prefix_tokens(self, keys: list[int], prompt_tokens: int) -> int:
+        """Tokens of a new request (its block keys, its prompt length) this replica's cache holds
+        now, for a cache-aware router (vLLM's look-up, without taking the blocks)."""
+        cache = self.cache
+        if cache is None or not keys:
+            return 0
+        self._cache_running(None)
+        cache.take(self.free_blocks)
+        return cache.hit_blocks(keys, prompt_tokens) * self.limits.block_size
 
     # ------------------------------------------------------------------ update
     def _update(self, ids: np.ndarray, counts: list[list[int]], new_tokens: list[int], num_spec: list[int]) -> None:
@@ -773,9 +869,14 @@ class Replica:
                 done.append(i)
         freed = 0
         gone = [counts[i] for i in done]
-        for r in gone:
-            freed += r[BLOCKS]
-            r[BLOCKS] = 0
+        if self.cache is None:
+            for r in gone:
+                freed += r[BLOCKS]
+                r[BLOCKS] = 0
+        else:
+            for i, r in zip(done, gone):
+                freed += self._release(int(ids[i]), r)
+                r[BLOCKS] = 0
         step = self.recorder.num_steps  # this step's index (recorded right after _update)
         if first:
             f_ids = ids[first]

@@ -20,6 +20,7 @@ import simpy
 
 from capacity.sim import metrics
 from capacity.sim.engine import EngineLimits, Replica, RequestTable
+from capacity.sim.prefix_cache import HitCounters
 from capacity.errors import CapacityError
 from capacity.inputs.hardware import GpuProfile, load_gpu
 from capacity.inputs.models import ModelArch, load_model
@@ -27,6 +28,7 @@ from capacity.inputs.scenario import Scenario
 from capacity.spec.decoding import build_speculation
 from capacity.spec.draft_cost import DraftCost
 from capacity.spec.interface import Speculation
+from capacity.spec.methods import uses_target_hidden_states
 from capacity.cost.step_cost import StepCostModel
 from capacity.inputs.traffic import RequestStream, build_requests
 
@@ -43,6 +45,7 @@ class Deployed:
     block_bytes: float
     memory: dict[str, float]
     speculation: Speculation
+    drop_last_cached_block: bool = False   # vLLM's EAGLE rule for prefix-cache hits (spec.methods.USE_EAGLE_METHODS)
 
     def kv_blocks_for(self, tokens: np.ndarray) -> np.ndarray:
         per_gpu = (self.model.kv_cache_bytes(tokens) + self.speculation.extra_kv_cache_bytes(tokens)) / self.kv_split
@@ -88,10 +91,12 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
         block_size=e.block_size, num_gpu_blocks=num_blocks,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
-        enable_chunked_prefill=e.enable_chunked_prefill)
+        enable_chunked_prefill=e.enable_chunked_prefill,
+        enable_prefix_caching=e.enable_prefix_caching)
     memory["kv_cache_tokens"] = num_blocks * e.block_size
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel))
-    return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation)
+    return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation,
+                    drop_last_cached_block=uses_target_hidden_states(speculation.method))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -189,8 +194,15 @@ def _share_draft_memo(speculation: Speculation) -> None:
         cost.adopt_price_memos(_remember("draft\x1e" + key, cost.price_memos()))
 
 
+# the llm-d endpoint picker's scorer weights for the prefix_aware router (Cluster._prefix_aware)
+PREFIX_WEIGHT = 3.0
+QUEUE_WEIGHT = 2.0
+
+
 class Cluster:
-    """Replicas behind a router; open-loop arrivals or a closed loop of `concurrency` users."""
+    """Replicas behind a router; open-loop arrivals, a closed loop of `concurrency` users, or
+    conversations (a session's next turn is sent when its previous answer is complete, plus the
+    user's think time: `RequestStream.follows` / `think_s`)."""
 
     def __init__(self, env: simpy.Environment, deployed: Deployed, stream: RequestStream,
                  replicas: int, router: str, rng: np.random.Generator, rejected: np.ndarray | None = None):
@@ -207,51 +219,113 @@ class Cluster:
         self.all_done = env.event()
         # serving-stack time before a sent request reaches a scheduler (HTTP, tokenisation)
         self.request_delay_s = deployed.gpu.efficiency["request_overhead_ms"] * 1e-3
+        self.block_size = deployed.limits.block_size
+        self.prefix_keys = stream.prefix_keys if deployed.limits.enable_prefix_caching else None
+        self._affinity: dict[int, Replica] = {}     # session -> the replica its first turn went to
         rngs = rng.spawn(replicas)
         self.replicas = [
             Replica(env, i, self.table, deployed.cost, deployed.limits, deployed.kv_blocks_for,
-                    self._finished, rngs[i], deployed.speculation)
+                    self._finished, rngs[i], deployed.speculation, prefix_keys=self.prefix_keys,
+                    drop_last_hit=deployed.drop_last_cached_block)
             for i in range(replicas)]
+        follows = stream.follows
+        self._next_turn: np.ndarray | None = None
+        first_sent = np.arange(len(stream))
+        if follows is not None and (follows >= 0).any():
+            later = np.flatnonzero(follows >= 0)
+            self._next_turn = np.full(len(stream), -1, dtype=np.int64)
+            self._next_turn[follows[later]] = later
+            first_sent = np.flatnonzero(follows < 0)
         if stream.concurrency is None:
-            for r in self.replicas:
-                r.next_arrival = self.next_arrival_for
-            env.process(self._open_loop())
+            if self._next_turn is None:
+                for r in self.replicas:
+                    r.next_arrival = self.next_arrival_for
+            env.process(self._open_loop(first_sent))
         else:
             for _ in range(min(stream.concurrency, len(stream))):
                 self._dispatch_next()
 
-    def _pick(self) -> Replica:
-        if self.router == "round_robin":
+    # ------------------------------------------------------------------ routing
+    def _pick(self, rid: int) -> Replica:
+        router = self.router
+        if router == "round_robin":
             r = self.replicas[self._rr % len(self.replicas)]
             self._rr += 1
             return r
+        if router == "session_affinity" and self.stream.session is not None:
+            session = int(self.stream.session[rid])
+            if session >= 0:
+                r = self._affinity.get(session)
+                if r is None:
+                    r = self._affinity[session] = self._least_outstanding()
+                return r
+        if router == "prefix_aware" and self.prefix_keys is not None and len(self.replicas) > 1:
+            return self._prefix_aware(rid)
+        return self._least_outstanding()
+
+    def _least_outstanding(self) -> Replica:
         return min(self.replicas, key=lambda r: r.outstanding)  # ties: lowest index
 
+    def _prefix_aware(self, rid: int) -> Replica:
+        """llm-d's endpoint picker with its prefix-cache and queue scorers: score = 3 x (share of the
+        prompt cached on the replica) + 2 x (max waiting - waiting) / (max waiting - min waiting)
+        (1 when all queues are equal), the highest score wins, ties to the least outstanding.
+        Weights: the Red Hat OpenShift AI default profile (prefix cache 3, queue depth 2), as quoted in
+        the llm-d / OpenShift AI scheduler docs; the queue score is the Gateway API Inference
+        Extension's queue scorer (kubernetes-sigs/gateway-api-inference-extension,
+        pkg/epp/scheduling/framework/plugins/scorer/queue.go @ffea263, lines 81-95)."""
+        keys = self.prefix_keys.block_keys(rid, self.block_size)
+        prompt = int(self.table.prompt[rid])
+        cached = [r.cached_prefix_tokens(keys, prompt) for r in self.replicas]
+        waiting = [len(r.waiting) for r in self.replicas]
+        low, high = min(waiting), max(waiting)
+        best, best_key = None, None
+        for r, c, w in zip(self.replicas, cached, waiting):
+            score = PREFIX_WEIGHT * c / prompt + QUEUE_WEIGHT * ((high - w) / (high - low) if high > low else 1.0)
+            key = (-score, r.outstanding, r.index)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        return best
+
+    # ------------------------------------------------------------------ sending
     def _dispatch_next(self) -> None:
-        """Send the next request (closed loop: now; open loop: called at arrival + request delay)."""
+        """Closed loop: send the next request now."""
         rid = self._next
         self._next += 1
-        if self.stream.concurrency is not None:
-            self.table.arrival[rid] = self.env.now
+        self.table.arrival[rid] = self.env.now
+        self._send(rid, delayed=self.request_delay_s > 0)
+
+    def _send(self, rid: int, delayed: bool = False) -> None:
+        """The request reaches the router (after the serving stack's delay when `delayed`)."""
         if self.rejected[rid]:
-            self._pick()            # the load balancer still sends it (a round-robin turn), the replica refuses it
+            self._pick(rid)         # the load balancer still sends it (a round-robin turn), the replica refuses it
             self._refused(rid)
             return
-        if self.stream.concurrency is not None:
-            if self.request_delay_s > 0:
-                self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev, rid=rid: self._pick().submit(rid))
-                return
-        self._pick().submit(rid)
+        if delayed:
+            self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev, rid=rid: self._pick(rid).submit(rid))
+            return
+        self._pick(rid).submit(rid)
 
-    def _open_loop(self):
+    def _open_loop(self, order: np.ndarray):
         arrivals = self.table.arrival
-        for rid in range(len(arrivals)):
+        for rid in order.tolist():
             wait = arrivals[rid] + self.request_delay_s - self.env.now
             if wait > 0:
                 self._next_arrival_s = self.env.now + wait    # the timeout's time, as SimPy computes it
                 yield self.env.timeout(wait)
-            self._dispatch_next()
+            self._send(rid)
         self._next_arrival_s = None
+
+    def _next_turns(self, ids: np.ndarray) -> None:
+        """The users whose answers just finished send their next turns after their think time."""
+        think = self.stream.think_s
+        for rid in ids.tolist():
+            nxt = int(self._next_turn[rid])
+            if nxt < 0:
+                continue
+            wait = float(think[nxt]) if think is not None else 0.0
+            self.table.arrival[nxt] = self.env.now + wait
+            self.env.timeout(wait + self.request_delay_s).callbacks.append(lambda _ev, nxt=nxt: self._send(nxt))
 
     def next_arrival_for(self, replica: Replica) -> float | None:
         """When the open loop's next request arrives, if it will go to `replica` (the only replica, or
@@ -277,8 +351,16 @@ class Cluster:
             for _ in range(len(ids)):
                 if self._next < len(self.stream):
                     self._dispatch_next()
+        if self._next_turn is not None:
+            self._next_turns(ids)
         if self._done >= len(self.stream) and not self.all_done.triggered:
             self.all_done.succeed()
+
+    def prefix_cache_counters(self) -> list[HitCounters] | None:
+        """Each replica's prefix-cache hit counters, None with caching off."""
+        if self.replicas[0].counters is None:
+            return None
+        return [r.counters for r in self.replicas]
 
 
 @dataclass
@@ -336,7 +418,8 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
     cluster = Cluster(env, deployed, stream, d.replicas, d.router, engine_rng, rejected)
     open_loop = stream.concurrency is None
     last_arrival = float(np.nanmax(stream.arrival_s)) if open_loop else 0.0
-    horizon = scenario.simulation.max_sim_time_s or (last_arrival * 1.5 + 300.0 if open_loop else None)
+    horizon = scenario.simulation.max_sim_time_s or (last_arrival * 1.5 + 300.0 + _longest_think_s(stream)
+                                                     if open_loop else None)
     if horizon is None:
         env.run(until=cluster.all_done)
     else:
@@ -351,12 +434,13 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
     order = np.argsort(t_series, kind="stable")
     series = {name: np.concatenate([np.asarray(getattr(r, name), dtype=float) for r in rec])[order]
               for name in ("waiting", "running", "kv_used")}
+    sent = cluster.table.arrival                    # conversations' later turns are stamped when sent
     run_info = metrics.RunInfo(
-        start_s=float(np.nanmin(cluster.table.arrival)),
+        start_s=float(np.nanmin(sent)),
         end_s=float(env.now),
         num_gpus=d.tensor_parallel_size * d.replicas,
-        offered_rate_rps=_offered_rate(stream) if open_loop else None,
-        arrival_window_end_s=last_arrival if open_loop else None,
+        offered_rate_rps=_offered_rate(sent[~np.isnan(sent)]) if open_loop else None,
+        arrival_window_end_s=float(np.nanmax(sent)) if open_loop else None,
         t_s=t_series[order],
         waiting=series["waiting"],
         running=series["running"],
@@ -364,6 +448,9 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
     )
     slos = metrics.parse_slos(scenario.slo) if scenario.slo else None
     summary = metrics.summarize(requests, itl, run_info, slos)
+    counters = cluster.prefix_cache_counters()
+    if counters is not None:
+        summary.update(_prefix_cache_metrics(counters))
     breakdown: dict[str, float] = {}
     for r in rec:
         for k, v in r.parts.items():
@@ -374,8 +461,32 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         wall_time_s=time.perf_counter() - wall0, cluster=cluster)
 
 
-def _offered_rate(stream: RequestStream) -> float:
-    a = stream.arrival_s
+def _prefix_cache_metrics(counters: list[HitCounters]) -> dict[str, Any]:
+    """vLLM's prefix-cache counters: the hit rate of new requests (prefix_cache_hits /
+    prefix_cache_queries, in tokens) overall and per replica, resumed (preempted) requests apart."""
+    total = HitCounters()
+    for c in counters:
+        total = total.add(c)
+    overall = total.summary()
+    return {
+        "prefix_cache_hit_rate": overall["prefix_cache_hit_rate"],
+        "prefix_cache": {**overall, "per_replica": [c.summary() for c in counters]},
+    }
+
+
+def _longest_think_s(stream: RequestStream) -> float:
+    """The most think time one conversation spends between its turns (0 without sessions): the
+    open-loop horizon is stretched by it, since later turns are sent after the last session starts."""
+    if stream.session is None or stream.think_s is None or not len(stream):
+        return 0.0
+    session = np.asarray(stream.session)
+    own = session >= 0
+    if not own.any():
+        return 0.0
+    return float(np.bincount(session[own], weights=np.asarray(stream.think_s, dtype=float)[own]).max())
+
+
+def _offered_rate(a: np.ndarray) -> float:
     span = float(a.max() - a.min())
     return (len(a) - 1) / span if span > 0 else float("inf")
 
@@ -398,4 +509,5 @@ def _request_frame(cluster: Cluster, stream: RequestStream) -> pd.DataFrame:
         "spec_accepted": t.spec_accepted,
         "spec_steps": t.spec_steps,
         "rejected": cluster.rejected,
+        **({"cached_tokens": t.cached_tokens} if cluster.replicas[0].counters is not None else {}),
     })

@@ -168,6 +168,19 @@ def canonical_name(label: Any) -> str:
     return get_method(label).name
 
 
+# vLLM's SpeculativeConfig.use_eagle(): `return self.method in ("eagle", "eagle3", "mtp", "dflash",
+# "dspark")` (vllm-project/vllm vllm/config/speculative.py @002e77c1f0ef9b19cff8b9e21cfbd6feb3d6b443):
+# drafters fed the target's hidden states. With prefix caching such a request gives back its last
+# matched block (vllm/v1/core/single_type_kv_cache_manager.py, FullAttentionManager.find_longest_cache_hit:
+# "Need to drop the last matched block if eagle is enabled").
+USE_EAGLE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
+
+
+def uses_target_hidden_states(method: DraftMethod | None) -> bool:
+    """vLLM's use_eagle() for this method (its vllm_method's first word, e.g. "mtp" for Gemma 4 MTP)."""
+    return method is not None and method.vllm_method.split()[0] in USE_EAGLE_METHODS
+
+
 def get_method(name: Any) -> DraftMethod:
     """A method by name, label or alias (see `canonical_name`)."""
     found = find_method(name)
