@@ -39,7 +39,7 @@ them later is exact: they come from the head, which frees (appended at the tail)
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,13 +104,22 @@ class PrefixCache:
         self.drop_last_hit = drop_last_hit
         self._units_at = units_at          # kv units held at t tokens: the replica's TokenTable (.lookup)
         self._fresh = num_blocks           # never-used units, at the head of the free queue
-        self._queue: OrderedDict[int, int] = OrderedDict()   # then, in the order freed: key -> units
-        self._queued = 0                   # units in _queue
-        self._next_anonymous = -1          # keys < 0 name runs of anonymous units
+        # then, in the order freed, entries (key, tag) in two deques (plain ints, which the garbage
+        # collector does not track, unlike tuples); an entry is live while _tag[key] is its tag (a hit
+        # takes a block off the queue by dropping its tag: the stale entry is skipped when popped)
+        self._queue: deque[int] = deque()
+        self._queue_tags: deque[int] = deque()
+        self._tag: dict[int, int] = {}     # keys in the free queue -> the tag of their live entry
+        self._next_tag = 0
+        self._anonymous: dict[int, int] = {}   # keys < 0: runs of anonymous units -> their units
+        self._queued = 0                   # units in the free queue
+        self._next_anonymous = -1
         self.ref: dict[int, int] = {}      # cached key -> requests holding it (0: evictable, in the queue)
-        self.units: dict[int, int] = {}    # cached key -> its kv units
+        self.units: dict[int, int] = {}    # cached key -> its kv units (unless every block is one unit)
         self.counters = HitCounters()
         self.evicted = 0                   # cached blocks evicted for new allocations
+        # one kv unit per block (a plain full-attention model): the units need not be looked up
+        self.uniform = units_at.lookup(range(0, 8192 * block_size + 1, block_size)) == list(range(8193))
 
     # -------------------------------------------------------------- the free queue
     @property
@@ -129,26 +138,51 @@ class PrefixCache:
         fresh = min(self._fresh, need)
         self._fresh -= fresh
         need -= fresh
-        queue, ref, units = self._queue, self.ref, self.units
+        queue, queue_tags, tags = self._queue, self._queue_tags, self._tag
+        ref, units, anonymous = self.ref, self.units, self._anonymous
         while need > 0:
-            key, n = queue.popitem(last=False)
-            self._queued -= n
+            key, tag = queue.popleft(), queue_tags.popleft()
+            if tags.get(key) != tag:                       # taken off by a hit since
+                continue
+            del tags[key]
             if key >= 0:                                   # a cached block: evicted
+                n = 1 if self.uniform else units.pop(key)
                 del ref[key]
-                del units[key]
                 self.evicted += 1
+            else:
+                n = anonymous.pop(key)
+            self._queued -= n
             if n > need:                                   # the rest of the run (or block) stays at the head
-                rest = self._next_anonymous
-                self._next_anonymous -= 1
-                queue[rest] = n - need
-                queue.move_to_end(rest, last=False)
-                self._queued += n - need
+                self._push(n - need, left=True)
                 n = need
             need -= n
 
-    def _append(self, key: int, n: int) -> None:
-        self._queue[key] = n
+    def _push(self, n: int, left: bool = False) -> None:
+        """A run of n anonymous units into the free queue (at its tail, or its head)."""
+        key, tag = self._next_anonymous, self._next_tag
+        self._next_anonymous -= 1
+        self._next_tag += 1
+        self._anonymous[key] = n
+        self._tag[key] = tag
+        if left:
+            self._queue.appendleft(key)
+            self._queue_tags.appendleft(tag)
+        else:
+            self._queue.append(key)
+            self._queue_tags.append(tag)
         self._queued += n
+
+    def _push_blocks(self, keys: list[int]) -> int:
+        """Cached blocks nobody holds any more, in this order, into the free queue's tail; returns their units."""
+        start = self._next_tag
+        self._next_tag += len(keys)
+        tags = range(start, start + len(keys))
+        self._tag.update(zip(keys, tags))
+        self._queue.extend(keys)
+        self._queue_tags.extend(tags)
+        n = len(keys) if self.uniform else sum(map(self.units.__getitem__, keys))
+        self._queued += n
+        return n
 
     # -------------------------------------------------------------- look-ups
     def match(self, keys: list[int], max_blocks: int) -> int:
@@ -171,23 +205,24 @@ class PrefixCache:
 
     def evictable_units(self, keys: list[int]) -> int:
         """Units of these cached blocks that nobody holds (a hit on them takes them off the queue)."""
-        ref, units = self.ref, self.units
-        return sum([units[k] for k in keys if ref[k] == 0])
+        tags = self._tag
+        free = [k for k in keys if k in tags]
+        return len(free) if self.uniform else sum(map(self.units.__getitem__, free))
 
     # -------------------------------------------------------------- a request's blocks
     def touch(self, state: RequestBlocks, num_blocks: int) -> int:
         """The request starts with its first num_blocks blocks from the cache; returns the units
         taken off the free queue (its evictable hit blocks)."""
-        ref, units, queue = self.ref, self.units, self._queue
-        taken = 0
-        for key in state.keys[:num_blocks]:
-            r = ref[key]
-            if r == 0:
-                taken += queue.pop(key)
-            ref[key] = r + 1
-            state.held_units += units[key]
+        ref, tags = self.ref, self._tag
+        keys = state.keys[:num_blocks]
+        evictable = [k for k in keys if k in tags]
+        for k in evictable:                                  # off the free queue (their entries go stale)
+            del tags[k]
+        taken = len(evictable) if self.uniform else sum(map(self.units.__getitem__, evictable))
+        ref.update({k: ref[k] + 1 for k in keys})
         self._queued -= taken
-        state.held = state.keys[:num_blocks]
+        state.held = keys
+        state.held_units = len(keys) if self.uniform else sum(map(self.units.__getitem__, keys))
         state.num_cached = num_blocks
         return taken
 
@@ -199,17 +234,23 @@ class PrefixCache:
         if end <= start:
             return
         ref, units, bs = self.ref, self.units, self.block_size
-        at = self._units_at.lookup(range(start * bs, end * bs + 1, bs))
         held = state.held
-        for j in range(start, end):
-            key = state.keys[j]
-            if key in ref:                                 # an equal block is cached: this one stays anonymous
-                continue
-            u = at[j + 1 - start] - at[j - start]
-            ref[key] = 1
-            units[key] = u
-            held.append(key)
-            state.held_units += u
+        new = [k for k in state.keys[start:end] if k not in ref]    # an equal block cached: this one stays anonymous
+        if self.uniform:                                 # one unit each: `units` is not kept
+            ref.update(dict.fromkeys(new, 1))
+            held.extend(new)
+            state.held_units += len(new)
+        else:
+            at = self._units_at.lookup(range(start * bs, end * bs + 1, bs))
+            for j in range(start, end):
+                key = state.keys[j]
+                if key in ref:
+                    continue
+                u = at[j + 1 - start] - at[j - start]
+                ref[key] = 1
+                units[key] = u
+                held.append(key)
+                state.held_units += u
         state.num_cached = end
 
     def free(self, state: RequestBlocks, total_units: int) -> int:
@@ -217,19 +258,17 @@ class PrefixCache:
         went back to the free queue (blocks other requests still hold stay with them)."""
         freed = total_units - state.held_units
         if freed > 0:                                      # its anonymous blocks (the tail, duplicates)
-            key = self._next_anonymous
-            self._next_anonymous -= 1
-            self._append(key, freed)
+            self._push(freed)
         else:
             freed = 0
-        ref, units = self.ref, self.units
-        for key in reversed(state.held):
-            r = ref[key] - 1
-            ref[key] = r
-            if r == 0:
-                u = units[key]
-                self._append(key, u)
-                freed += u
+        ref, held = self.ref, state.held
+        back = [k for k in reversed(held) if ref[k] == 1]  # nobody else holds them: evictable now
+        if len(back) == len(held):
+            ref.update(dict.fromkeys(back, 0))
+        else:
+            ref.update({k: ref[k] - 1 for k in held})
+        if back:
+            freed += self._push_blocks(back)
         state.held = []
         state.held_units = 0
         state.num_cached = 0
