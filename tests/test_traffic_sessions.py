@@ -62,6 +62,20 @@ def chat_class(name="support", system=40, turns=None, user=None, answer=None, th
     return c
 
 
+def shipped_scenario(process: str) -> str:
+    """The shipped chatbot scenario whose arrival process is `process`: the multi-turn chatbot is `default`
+    (`chatbot_multiturn` before the default became multi-turn), the single-turn one `chatbot_single_turn`
+    (`default` before)."""
+    for name in ("default", "chatbot_multiturn", "chatbot_single_turn"):
+        try:
+            scenario = load(name)
+        except CapacityError:
+            continue
+        if scenario.traffic.arrival.process == process:
+            return name
+    raise AssertionError(f"no shipped chatbot scenario with arrival process {process}")
+
+
 def chains(stream) -> list[list[int]]:
     """Each session's requests in turn order, walked along `follows` (first turn: follows == -1)."""
     nxt = {int(f): i for i, f in enumerate(stream.follows) if f >= 0}
@@ -324,14 +338,15 @@ def test_other_processes_are_unchanged_and_dump_without_session_keys() -> None:
     trace = build_requests(TrafficConfig.model_validate({"arrival": {"process": "trace", "path": "azure2023_conv"},
                                                          "num_requests": 20}), np.random.default_rng(0))
     assert trace.prefix_keys is None and trace.session is None
-    session_cfg = load("chatbot_multiturn").traffic
+    session_cfg = load(shipped_scenario("sessions")).traffic
     assert TrafficConfig.model_validate(session_cfg.model_dump(mode="json")) == session_cfg
 
 
 def test_shipped_chatbot_scenario_is_about_two_requests_per_second() -> None:
-    """The default's rate (2 requests/s, scenarios/default.yaml) as sessions/s x requests per session."""
-    default = load("default").traffic.arrival.rate_rps
-    traffic = load("chatbot_multiturn").traffic
+    """The single-turn chatbot's rate (2 requests/s, scenarios/chatbot_single_turn.yaml) as sessions/s x
+    requests per session."""
+    default = load(shipped_scenario("poisson")).traffic.arrival.rate_rps
+    traffic = load(shipped_scenario("sessions")).traffic
     rate = traffic.arrival.rate_sessions_per_s * expected_requests_per_session(traffic)
     assert rate == pytest.approx(default, rel=0.01)
     (support,) = traffic.classes
@@ -356,34 +371,39 @@ def refused(argv: list[str], capsys, *words: str) -> str:
     return err[0]
 
 
-POISSON_CLASS = "traffic.classes=[{name: c, input_tokens: {dist: fixed, value: 9}, output_tokens: {dist: fixed, value: 9}, "
+# Each case sets its own traffic, so it does not depend on what the shipped default holds.
+_POISSON = ["traffic.arrival={process: poisson, rate_rps: 2.0}", "traffic.num_requests=5"]
+_SESSIONS = ["traffic.arrival={process: sessions, rate_sessions_per_s: 1.0, num_sessions: 3}",
+             "traffic.classes=[{name: s, system_prompt_tokens: 10, turns: {dist: fixed, value: 2}, "
+             "input_tokens: {dist: fixed, value: 9}, output_tokens: {dist: fixed, value: 9}}]"]
+_CLASS = "traffic.classes=[{name: c, input_tokens: {dist: fixed, value: 9}, output_tokens: {dist: fixed, value: 9}, "
 
 
-@pytest.mark.parametrize("scenario,sets,words", [
-    ("chatbot_multiturn", ["traffic.classes=[{name: s, input_tokens: {dist: fixed, value: 9}, "
-                           "output_tokens: {dist: fixed, value: 9}}]"], ["class 's' has no turns", "sessions"]),
-    ("default", [POISSON_CLASS + "turns: {dist: fixed, value: 3}}]"], ["turns only apply", "'poisson'"]),
-    ("default", [POISSON_CLASS + "system_prompt_tokens: 100}]"], ["system_prompt_tokens only apply"]),
-    ("default", [POISSON_CLASS + "think_time_s: {dist: fixed, value: 1}}]"], ["think_time_s only apply"]),
-    ("default", ["traffic.arrival={process: trace, path: azure2023_conv}",
-                 POISSON_CLASS + "turns: {dist: fixed, value: 3}}]"], ["turns only apply", "'trace'"]),
-    ("chatbot_multiturn", ["traffic.arrival.num_sessions=null"], ["num_sessions or duration_s"]),
-    ("chatbot_multiturn", ["traffic.arrival.num_sessions=0"], ["traffic.arrival.sessions.num_sessions"]),
-    ("chatbot_multiturn", ["traffic.arrival.rate_sessions_per_s=0"], ["rate_sessions_per_s"]),
-    ("chatbot_multiturn", ["traffic.arrival.rate_sessions_per_s=.inf"], ["rate_sessions_per_s"]),
-    ("chatbot_multiturn", ["traffic.arrival.rate_sessions_per_s=.nan"], ["rate_sessions_per_s"]),
-    ("chatbot_multiturn", ["traffic.arrival.burstiness=0"], ["burstiness"]),
-    ("chatbot_multiturn", ["traffic.arrival.num_sessions=100000000"], ["num_sessions 100000000", "limit"]),
-    ("chatbot_multiturn", ["traffic.classes.0.system_prompt_tokens=-1"], ["system_prompt_tokens"]),
-    ("chatbot_multiturn", ["traffic.classes.0.turns={dist: fixed, value: 0}"], ["turns"]),
-    ("chatbot_multiturn", ["traffic.classes.0.think_time_s={dist: lognormal, median: 7, sigma: 0}"], ["sigma"]),
-    ("chatbot_multiturn", ["traffic.classes.0.think_time_s={dist: exponential, mean: -1}"], ["mean"]),
-    ("chatbot_multiturn", ["traffic.classes.0.think_time_s={dist: fixed, value: .nan}"], ["value"]),
-    ("chatbot_multiturn", ["traffic.classes.0.think_time_s={dist: lognormal, median: .inf, sigma: 1}"], ["median"]),
-    ("chatbot_multiturn", ["traffic.classes.0.think_time_s={dist: weibull, scale: 3}"], ["think_time_s", "weibull"]),
+@pytest.mark.parametrize("sets,words", [
+    (_SESSIONS[:1] + ["traffic.classes=[{name: s, input_tokens: {dist: fixed, value: 9}, "
+                      "output_tokens: {dist: fixed, value: 9}}]"], ["class 's' has no turns", "sessions"]),
+    (_POISSON + [_CLASS + "turns: {dist: fixed, value: 3}}]"], ["turns only apply", "'poisson'"]),
+    (_POISSON + [_CLASS + "system_prompt_tokens: 100}]"], ["system_prompt_tokens only apply"]),
+    (_POISSON + [_CLASS + "think_time_s: {dist: fixed, value: 1}}]"], ["think_time_s only apply"]),
+    (["traffic.arrival={process: trace, path: azure2023_conv}", _CLASS + "turns: {dist: fixed, value: 3}}]"],
+     ["turns only apply", "'trace'"]),
+    (_SESSIONS + ["traffic.arrival.num_sessions=null", "traffic.duration_s=null"], ["num_sessions or duration_s"]),
+    (_SESSIONS + ["traffic.arrival.num_sessions=0"], ["traffic.arrival.sessions.num_sessions"]),
+    (_SESSIONS + ["traffic.arrival.rate_sessions_per_s=0"], ["rate_sessions_per_s"]),
+    (_SESSIONS + ["traffic.arrival.rate_sessions_per_s=.inf"], ["rate_sessions_per_s"]),
+    (_SESSIONS + ["traffic.arrival.rate_sessions_per_s=.nan"], ["rate_sessions_per_s"]),
+    (_SESSIONS + ["traffic.arrival.burstiness=0"], ["burstiness"]),
+    (_SESSIONS + ["traffic.arrival.num_sessions=100000000"], ["num_sessions 100000000", "limit"]),
+    (_SESSIONS + ["traffic.classes.0.system_prompt_tokens=-1"], ["system_prompt_tokens"]),
+    (_SESSIONS + ["traffic.classes.0.turns={dist: fixed, value: 0}"], ["turns"]),
+    (_SESSIONS + ["traffic.classes.0.think_time_s={dist: lognormal, median: 7, sigma: 0}"], ["sigma"]),
+    (_SESSIONS + ["traffic.classes.0.think_time_s={dist: exponential, mean: -1}"], ["mean"]),
+    (_SESSIONS + ["traffic.classes.0.think_time_s={dist: fixed, value: .nan}"], ["value"]),
+    (_SESSIONS + ["traffic.classes.0.think_time_s={dist: lognormal, median: .inf, sigma: 1}"], ["median"]),
+    (_SESSIONS + ["traffic.classes.0.think_time_s={dist: weibull, scale: 3}"], ["think_time_s", "weibull"]),
 ])
-def test_bad_session_input_is_one_line(capsys, scenario: str, sets: list[str], words: list[str]) -> None:
-    argv = ["simulate", scenario, "--no-compare"]
+def test_bad_session_input_is_one_line(capsys, sets: list[str], words: list[str]) -> None:
+    argv = ["simulate", "default", "--no-compare"]
     for s in sets:
         argv += ["--set", s]
     refused(argv, capsys, *words)
@@ -527,3 +547,30 @@ def test_bad_jsonl_traces_are_one_line(tmp_path: Path) -> None:
                                     + "\n").encode()))
     df = read_trace(str(path))
     assert len(df) == 1                                                            # the 0-output row is dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract, end to end through the simulator
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_simulator_sends_each_turn_after_the_previous_answer_plus_think_time() -> None:
+    """A small run of the shipped multi-turn scenario: first turns arrive when the stream says, each later
+    turn at its previous turn's finish + think_s (RequestStream's contract), and later turns find at least
+    the class's system-prompt blocks (1,500 tokens: 93 blocks of 16) in the prefix cache."""
+    from capacity.sim.simulate import run
+
+    sc = load(shipped_scenario("sessions"), ["traffic.arrival.num_sessions=25", "speculative.method=none",
+                                              "speculative.num_speculative_tokens=0"])
+    stream = build_requests(sc.traffic, np.random.default_rng(np.random.SeedSequence(sc.simulation.seed).spawn(2)[0]))
+    res = run(sc, stream=stream)
+    df = res.requests.set_index("request_id").sort_index()
+    assert len(df) == len(stream) and not df["rejected"].any()
+    first = stream.follows < 0
+    np.testing.assert_allclose(df["arrival_s"].to_numpy()[first], stream.arrival_s[first])
+    later = np.flatnonzero(~first)
+    expect = df["finish_s"].to_numpy()[stream.follows[later]] + stream.think_s[later]
+    np.testing.assert_allclose(df["arrival_s"].to_numpy()[later], expect, rtol=1e-9)
+    system_blocks = sc.traffic.classes[0].system_prompt_tokens // sc.engine.block_size
+    assert np.all(df["cached_tokens"].to_numpy()[later] >= system_blocks * sc.engine.block_size)
+    assert 0 < res.metrics["prefix_cache_hit_rate"] <= 1
