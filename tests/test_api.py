@@ -25,8 +25,8 @@ def test_the_readme_example_runs():
 
 
 def test_simulate_returns_what_the_cli_prints(capsys):
-    sim = capacity.simulate(traffic__num_requests=60, set={"traffic.arrival.rate_rps": 1.5})
-    assert main(["simulate", "--json", "--set", "traffic.num_requests=60", "--set", "traffic.arrival.rate_rps=1.5"]) == 0
+    sim = capacity.simulate(traffic__num_requests=60, set={"traffic.arrival.rate_sessions_per_s": 0.75})
+    assert main(["simulate", "--json", "--set", "traffic.num_requests=60", "--set", "traffic.arrival.rate_sessions_per_s=0.75"]) == 0
     cli = json.loads(capsys.readouterr().out)
     assert sim.metrics["completed"] == cli["metrics"]["completed"] == 60
     assert sim.metrics["ttft_ms"] == cli["metrics"]["ttft_ms"]

@@ -339,7 +339,7 @@ def test_plan_section_errors_name_the_key(capsys):
 # ---------------------------------------------------------------- the text summary
 def test_summary_with_metrics_missing(capsys):
     """A horizon so short that nothing finishes: the summary prints '-' for what it cannot compute."""
-    rc, err, out = run(["simulate", "--set", "simulation.max_sim_time_s=1", *SMALL], capsys)
+    rc, err, out = run(["simulate", "chatbot_single_turn", "--set", "simulation.max_sim_time_s=1", *SMALL], capsys)
     assert rc == 0, err
     assert "Traceback" not in "\n".join(err)
     ttft = next(line for line in out.splitlines() if line.startswith("TTFT ms"))

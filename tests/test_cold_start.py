@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_loading_a_scenario_and_drawing_synthetic_traffic_import_no_pandas() -> None:
     code = ("import sys\nimport numpy as np\nfrom capacity.inputs import scenario, traffic\n"
-            "sc = scenario.load(None, ['traffic.classes=[{name: a, input_tokens: {dist: fixed, value: 100}, "
+            "sc = scenario.load('chatbot_single_turn', ['traffic.classes=[{name: a, input_tokens: {dist: fixed, value: 100}, "
             "output_tokens: {dist: lognormal, median: 50, sigma: 0.5}}]'])\n"
             "stream = traffic.build_requests(sc.traffic, np.random.default_rng(0))\n"
             "assert len(stream) == sc.traffic.num_requests\n"

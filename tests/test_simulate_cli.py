@@ -166,7 +166,7 @@ def test_every_request_above_max_model_len_is_one_line(capsys):
 
 
 def test_a_closed_loop_user_sends_the_next_request_after_a_refusal(capsys):
-    args = ["simulate", "--no-compare", "--json", "--set", "engine.max_model_len=2000", "--set", "traffic.num_requests=200",
+    args = ["simulate", "chatbot_single_turn", "--no-compare", "--json", "--set", "engine.max_model_len=2000", "--set", "traffic.num_requests=200",
             "--set", "traffic.arrival={process: closed_loop, concurrency: 4}"]
     assert main(args) == 0
     m = json.loads(capsys.readouterr().out)["metrics"]

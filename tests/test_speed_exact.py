@@ -114,9 +114,9 @@ def test_a_different_deployment_does_not_share() -> None:
 @pytest.mark.parametrize("overrides", [[], ["deployment.replicas=3", "deployment.router=round_robin",
                                              "traffic.arrival.rate_rps=6"]])
 def test_arrivals_known_ahead_cut_runs_as_interrupts_do(monkeypatch, overrides: list[str]) -> None:
-    """An open-loop arrival known to come to a replica cuts its decode run when the run is set up,
+    """(Independent requests: conversations' later turns are not known ahead.) An open-loop arrival known to come to a replica cuts its decode run when the run is set up,
     instead of interrupting it: every output is the same bits as with interrupts only."""
-    sc = scenario.load(None, ["traffic.num_requests=150", *overrides])
+    sc = scenario.load("chatbot_single_turn", ["traffic.num_requests=150", *overrides])
     cut = simulate.run(sc)
     monkeypatch.setattr(simulate.Cluster, "next_arrival_for", lambda self, replica: None)
     interrupted = simulate.run(sc)

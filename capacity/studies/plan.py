@@ -53,7 +53,7 @@ from capacity.cost.step_cost import StepFeatures
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import load_gpu
-from capacity.inputs.traffic import build_requests
+from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
 from capacity.sim.metrics import parse_slos
 from capacity.spec.methods import NO_SPECULATION, find_method, list_methods
@@ -153,29 +153,48 @@ def expand(space: SearchSpace) -> list[Candidate]:
 
 
 def candidate_scenario(base: dict[str, Any], c: Candidate, rate: float, replicas: int = 1,
-                       num_requests: int | None = None) -> dict[str, Any]:
+                       num_requests: int | None = None, router: str | None = None) -> dict[str, Any]:
+    """The base scenario on candidate `c` with `replicas` replicas at `rate` requests per second
+    (Poisson, or the base's conversations at the session rate that gives it), `num_requests` long,
+    behind `router` when given (the plan's cache-aware choice, _Setup.router)."""
     sc = copy.deepcopy(base)
     sc.pop("plan", None)
     sc["deployment"].update({"gpu": c.gpu, "tensor_parallel_size": c.tensor_parallel_size, "replicas": replicas})
     sc.setdefault("engine", {}).update(c.engine)
     sc["speculative"] = {k: v for k, v in c.spec.items() if v is not None}
-    sc["traffic"]["arrival"] = {"process": "poisson", "rate_rps": float(rate)}
-    if num_requests:
-        sc["traffic"]["num_requests"] = int(num_requests)
-        sc["traffic"].pop("duration_s", None)
+    arrival = sc["traffic"].get("arrival") or {}
+    if arrival.get("process") == "sessions":
+        # conversations keep their shape; the session rate gives `rate` requests per second
+        per_session = expected_requests_per_session(TrafficConfig.model_validate(sc["traffic"]))
+        sc["traffic"]["arrival"] = {**arrival, "rate_sessions_per_s": float(rate) / per_session}
+        if num_requests:
+            sc["traffic"]["arrival"]["num_sessions"] = max(1, math.ceil(int(num_requests) / per_session))
+            sc["traffic"].pop("duration_s", None)
+            sc["traffic"].pop("num_requests", None)
+    else:
+        sc["traffic"]["arrival"] = {"process": "poisson", "rate_rps": float(rate)}
+        if num_requests:
+            sc["traffic"]["num_requests"] = int(num_requests)
+            sc["traffic"].pop("duration_s", None)
+    if replicas > 1 and router:
+        sc["deployment"]["router"] = router
     return sc
 
 
 # ---------------------------------------------------------------------------------------------- analytic
 def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: float, mean_output: float,
-                      p99_prompt: float | None = None) -> float:
+                      p99_prompt: float | None = None, mean_prefill: float | None = None,
+                      p99_prefill: float | None = None) -> float:
     """Largest λ (req/s per replica) whose mean-value steady state meets the latency SLOs.
 
     Parametrised by the decode batch B instead of λ: with S = O / E[τ] steps per request, the
     prefill tokens per step are B·P/S whatever λ is, the step time is t(B) = step(B decodes,
     B·P/S prefill tokens) and Little's law gives λ(B) = B / (S · t(B)). One vectorised pass over a
-    grid of B prices every candidate batch at once.
+    grid of B prices every candidate batch at once. With prefix caching a request computes only
+    `mean_prefill` of its `mean_prompt` tokens (the rest is found in the cache), while its
+    attention and KV still span the whole prompt.
     """
+    mean_prefill = mean_prompt if mean_prefill is None else mean_prefill
     sc = scenario_mod.from_dict(scenario_dict, "plan candidate")
     dep = simulate.deploy(sc)
     cost, spec, m = dep.cost, dep.speculation, dep.model
@@ -213,21 +232,21 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
     # prompt or none (decode steps are memory-bound, prompt steps compute-bound: they do not
     # overlap), so the mean step is the mix of the two; above one, prompts share steps.
     q = b / steps_per_request
-    t_decode, t_prompt = step(np.zeros_like(b)), step(np.minimum(np.full_like(b, mean_prompt), budget))
-    t_many = step(np.minimum(q * mean_prompt, budget))
+    t_decode, t_prompt = step(np.zeros_like(b)), step(np.minimum(np.full_like(b, max(mean_prefill, 1.0)), budget))
+    t_many = step(np.minimum(q * mean_prefill, budget))
     t = np.where(q <= 1.0, (1.0 - q) * t_decode + q * t_prompt, t_many)
     lam = b / (steps_per_request * t)
     tpot = t / tau
     # TTFT p99: a long (p99) prompt waits for the step in progress, then needs its own step(s),
     # inflated by queueing behind other prompts (M/D/1-like 1/(1 − ρ), ρ = share of time in prompt
     # steps). A bracket for the simulator, not a prediction.
-    p99 = float(p99_prompt or mean_prompt)
+    p99 = float(p99_prefill if p99_prefill is not None else (p99_prompt or mean_prompt))
     room = np.maximum(budget - b * (1 + k), 1.0)
     t_long = step(np.minimum(np.full_like(b, p99), room)) * np.ceil(p99 / room)
     rho = np.minimum(q * t_prompt / t, 0.99)
     ttft = (0.5 * t + t_long) / (1.0 - rho)
     ok = ((tpot <= tpot_limit) & (ttft <= ttft_limit) & (b * (mean_prompt + mean_output) <= kv_tokens)
-          & (q * mean_prompt < budget))
+          & (q * mean_prefill < budget))
     return float(lam[ok].max()) if ok.any() else 0.0
 
 
@@ -284,6 +303,12 @@ class _Setup:
     mean_output: float
     p99_prompt: float
     target: float                       # the rate the replicas are sized for: target × (1 + headroom)
+    # prefix caching: prompt tokens computed (not found in the cache) on one replica that never
+    # evicts, mean and p99, and the router that keeps the hits when there are several replicas
+    mean_prefill: float | None = None
+    p99_prefill: float | None = None
+    cached_share: float = 0.0
+    router: str | None = None
 
 
 def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
@@ -302,8 +327,48 @@ def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
         raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
     slos = parse_slos(sc0.slo)
     stream = build_requests(sc0.traffic, np.random.default_rng(0))
-    return _Setup(base, cfg, slos, float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean()),
-                  float(np.percentile(stream.prompt_tokens, 99)), cfg.target_rate_rps * (1 + cfg.headroom))
+    st = _Setup(base, cfg, slos, float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean()),
+                float(np.percentile(stream.prompt_tokens, 99)), cfg.target_rate_rps * (1 + cfg.headroom))
+    if sc0.engine.enable_prefix_caching and stream.prefix_keys is not None:
+        cached = unbounded_cached_tokens(stream, sc0.engine.block_size)
+        prefill = stream.prompt_tokens - cached
+        st.mean_prefill, st.p99_prefill = float(prefill.mean()), float(np.percentile(prefill, 99))
+        st.cached_share = float(cached.sum() / stream.prompt_tokens.sum())
+        st.router = "session_affinity" if stream.follows is not None else "prefix_aware"
+    return st
+
+
+def unbounded_cached_tokens(stream, block_size: int) -> np.ndarray:
+    """Prompt tokens each request finds in a prefix cache that never evicts, all requests on one
+    replica, each earlier turn of a conversation done before the next is sent: the longest prefix
+    of its blocks that an earlier request computed (its first floor((prompt + output - 1) / bs)
+    blocks), capped at floor((prompt - 1) / bs) blocks (vLLM's get_computed_blocks). The ceiling a
+    router can keep; the simulation gives the real figure."""
+    n = len(stream)
+    order = np.arange(n)
+    if stream.follows is not None:                  # turns in conversation order: by depth in the chain
+        follows = np.asarray(stream.follows)
+        depth = np.zeros(n, dtype=np.int64)
+        for i in range(n):                          # an earlier turn has a smaller depth
+            j, d = i, 0
+            while follows[j] >= 0:
+                j, d = int(follows[j]), d + 1
+            depth[i] = d
+        order = np.lexsort((np.arange(n), depth))
+    seen: set[int] = set()
+    cached = np.zeros(n, dtype=np.int64)
+    prompt, output = stream.prompt_tokens, stream.output_tokens
+    for i in order.tolist():
+        keys = stream.prefix_keys.block_keys(i, block_size)
+        p = int(prompt[i])
+        h = 0
+        for key in keys[: (p - 1) // block_size]:
+            if key not in seen:
+                break
+            h += 1
+        cached[i] = h * block_size
+        seen.update(keys[: (p + int(output[i]) - 1) // block_size])
+    return cached
 
 
 def _screen(st: _Setup, cands: list[Candidate], prog: Progress) -> None:
@@ -314,7 +379,7 @@ def _screen(st: _Setup, cands: list[Candidate], prog: Progress) -> None:
         try:
             c.cost_per_gpu_hour_usd = load_gpu(c.gpu).cost_per_gpu_hour_usd
             c.analytic_rate_rps = analytic_max_rate(candidate_scenario(st.base, c, 1.0), st.slos, st.mean_prompt,
-                                                    st.mean_output, st.p99_prompt)
+                                                    st.mean_output, st.p99_prompt, st.mean_prefill, st.p99_prefill)
         except CapacityError as e:
             c.feasible, c.reason = False, str(e)
             continue
@@ -564,7 +629,8 @@ def search_replicas(start: int, max_replicas: int, meets, known_miss: int = 0) -
 
 def _evidence(st: _Setup, c: Candidate, replicas: int, n_req: int, explain: bool = False,
               rate: float | None = None) -> dict[str, Any]:
-    r = _simulate(candidate_scenario(st.base, c, st.target if rate is None else rate, replicas, n_req), explain=explain)
+    r = _simulate(candidate_scenario(st.base, c, st.target if rate is None else rate, replicas, n_req, st.router),
+                  explain=explain)
     r["judgement"] = judge(r, st.slos)
     r["ok_plan"] = r["judgement"]["ok"]
     return r
@@ -639,6 +705,47 @@ def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, A
                      "replicas_tried": {int(r): v for r, v in sorted(tried.items())},
                      "note": None if replicas is not None else f"misses even at plan.max_replicas = {st.cfg.max_replicas}"})
     return rows
+
+
+ROUTERS = ("round_robin", "least_outstanding", "session_affinity", "prefix_aware")
+
+
+def prefix_caching(st: _Setup, best: Candidate, evidence: dict[str, Any], prog: Progress) -> dict[str, Any] | None:
+    """What prefix caching is worth to the recommendation: the GPUs the same configuration needs
+    with caching off (the same replica search and judgement), the hit rate of the confirming run,
+    and, with several replicas, the hit rate and latency under each router at the sized rate.
+    None when the traffic carries no block identities or caching is off."""
+    if st.router is None:
+        return None
+    off_base = copy.deepcopy(st.base)
+    off_base.setdefault("engine", {})["enable_prefix_caching"] = False
+    st_off = dataclasses.replace(st, base=off_base, router=None, mean_prefill=None, p99_prefill=None)
+
+    def meets(r: int) -> bool:
+        prog.update(f"without prefix caching: {best.label} × {r} replicas at {st.target:g} req/s")
+        return bool(_evidence(st_off, best, r, evidence_requests(st.slos, r, st.cfg.requests_per_probe))["ok_plan"])
+
+    # caching off never needs fewer replicas: one fewer than with it misses
+    replicas, tried = search_replicas(best.replicas, st.cfg.max_replicas, meets, known_miss=best.replicas - 1)
+    m = evidence["recommended"]["metrics"]
+    routers = []
+    if best.replicas > 1:
+        n_req = evidence_requests(st.slos, best.replicas, st.cfg.requests_per_probe)
+        for router in ROUTERS:
+            prog.update(f"router {router}: {best.label} × {best.replicas} at {st.target:g} req/s")
+            r = _simulate(candidate_scenario(st.base, best, st.target, best.replicas, n_req, router))
+            rm = r.get("metrics") or {}
+            routers.append({"router": router, "prefix_cache_hit_rate": rm.get("prefix_cache_hit_rate"),
+                            "ttft_p99_ms": (rm.get("ttft_ms") or {}).get("p99"),
+                            "tpot_p90_ms": (rm.get("tpot_ms") or {}).get("p90"),
+                            "slo_met": bool(judge(r, st.slos)["ok"]) if "metrics" in r else False})
+    return {"router": st.router, "prefix_cache_hit_rate": m.get("prefix_cache_hit_rate"),
+            "unbounded_cached_share": st.cached_share,
+            "gpus": best.total_gpus, "replicas": best.replicas,
+            "gpus_without_caching": None if replicas is None else replicas * best.tensor_parallel_size,
+            "replicas_without_caching": replicas,
+            "replicas_tried_without_caching": {int(k): v for k, v in sorted(tried.items())},
+            "routers": routers}
 
 
 def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
@@ -739,15 +846,16 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     # the recommendation's own evidence run when that is the same run
     n_table = max(st.cfg.requests_per_probe, int(200 * math.sqrt(best.replicas)))
     at_target = evidence["recommended"] if st.target == st.cfg.target_rate_rps and n_table == n_conf else \
-        _simulate(candidate_scenario(st.base, best, st.cfg.target_rate_rps, best.replicas, n_table))
-    comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_table, at_target, prog)
+        _simulate(candidate_scenario(st.base, best, st.cfg.target_rate_rps, best.replicas, n_table, st.router))
+    comparison = _with_and_without(st.base, best, ranked, st.cfg.target_rate_rps, n_table, at_target, prog, st.router)
     rec = _recommendation(st, best, ranked, evidence, comparison)
     replicas = best.replicas
-    rec_sc = candidate_scenario(st.base, best, st.target, replicas, n_conf)
-    fewer_sc = candidate_scenario(st.base, best, st.target, replicas - 1, n_conf) if replicas > 1 else None
+    rec_sc = candidate_scenario(st.base, best, st.target, replicas, n_conf, st.router)
+    fewer_sc = candidate_scenario(st.base, best, st.target, replicas - 1, n_conf, st.router) if replicas > 1 else None
     rec["deployment"] = deployment(st, best, rec_sc)
     rec["context"] = context(st, best, rec)
     rec["sensitivity"] = sensitivity(st, best, prog)
+    rec["prefix_caching"] = prefix_caching(st, best, evidence, prog)
     prog.close()
     rec_sc["description"] = _describe(rec, st)
     if fewer_sc is not None:
@@ -760,7 +868,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
 
 
 def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candidate], rate: float, n_req: int,
-                      recommended: dict[str, Any], prog: Progress) -> list[dict[str, Any]]:
+                      recommended: dict[str, Any], prog: Progress, router: str | None = None) -> list[dict[str, Any]]:
     """The target rate simulated on the recommendation (already done), on the same deployment with
     speculation off, and on the cheapest deployment without speculation: [{label, gpus, slo_met,
     metrics}] for the summary's with/without table. Empty when the recommendation drafts nothing."""
@@ -777,13 +885,13 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     off = dataclasses.replace(best, method="none", num_speculative_tokens=0, spec={"method": "none"})
     prog.update(f"the same {best.replicas} replica(s) without speculation")
     out.append(entry("same GPUs, no spec", off, best.replicas,
-                     _simulate(candidate_scenario(base, off, rate, best.replicas, n_req))))
+                     _simulate(candidate_scenario(base, off, rate, best.replicas, n_req, router))))
     plain = next((c for c in ranked if c.method == "none" and c.simulated), None) or \
         next((c for c in ranked if c.method == "none"), None)
     if plain is not None:
         prog.update(f"the cheapest deployment without speculation: {plain.label} × {plain.replicas}")
         out.append(entry("cheapest without", plain, plain.replicas,
-                         _simulate(candidate_scenario(base, plain, rate, plain.replicas, n_req))))
+                         _simulate(candidate_scenario(base, plain, rate, plain.replicas, n_req, router))))
     return out
 
 
@@ -868,8 +976,12 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
         serve += ["--quantization", "fp8"]
     elif d.precision:
         notes.append(f"precision {d.precision}: serve a checkpoint quantized to {d.precision} (the line names the model id)")
-    # the simulator does not model prefix caching: off, so that the check measures what was planned
-    serve += ["--no-enable-prefix-caching"]
+    # prefix caching as planned (vLLM's default is on; the random-prompt check below shares no prefix)
+    if not e.enable_prefix_caching:
+        serve += ["--no-enable-prefix-caching"]
+    elif st.router is not None and best.replicas > 1:
+        notes.append(f"route conversations with {st.router.replace('_', ' ')} (the planned hit rate needs a "
+                     "cache-aware load balancer, e.g. llm-d's endpoint picker or sticky sessions)")
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
     serve += ["--port", "8000"]
@@ -984,6 +1096,19 @@ def summary_text(p: PlanResult) -> str:
                  for x in sens]
         lines += wrap.wrap(f"what if (re-planned, same configuration): {'; '.join(cells)} "
                            f"(now {r['total_gpus']} GPUs)")
+    pc = r.get("prefix_caching")
+    if pc:
+        hit = pc.get("prefix_cache_hit_rate")
+        off = pc.get("gpus_without_caching")
+        text = (f"prefix caching: {pc['gpus']} GPUs with it ({'' if hit is None else f'hit rate {hit:.0%}, '}"
+                f"router {pc['router']}), {off if off is not None else 'none fits'} GPUs without "
+                f"(engine.enable_prefix_caching: false)")
+        if pc.get("routers"):
+            text += "; by router: " + ", ".join(
+                f"{x['router']} {x['prefix_cache_hit_rate'] or 0:.0%} hits"
+                + (f", TTFT p99 {x['ttft_p99_ms']:,.0f} ms" if x.get("ttft_p99_ms") is not None else "")
+                + ("" if x["slo_met"] else " (misses)") for x in pc["routers"])
+        lines += wrap.wrap(text)
     if r.get("acceptance_basis"):
         lines += wrap.wrap("acceptance basis: " + r["acceptance_basis"])
     sb = r.get("speculation_by_batch")
