@@ -310,3 +310,24 @@ def test_cache_aware_routers_keep_more_hits_than_round_robin_and_caching_cuts_tt
     later = stream.follows >= 0
     prev_finish = req["finish_s"].to_numpy()[stream.follows[later]]
     np.testing.assert_allclose(req["arrival_s"].to_numpy()[later], prev_finish + stream.think_s[later])
+
+
+def test_prefix_cache_figures_show_the_hit_rate_and_refuse_runs_without_caching():
+    import pandas as pd
+    import pytest
+
+    from capacity.errors import CapacityError
+    from capacity.report import figures
+
+    req = pd.DataFrame({"prompt_tokens": [100, 200, 400], "cached_tokens": [0, 100, 400 - 16],
+                        "first_scheduled_s": [0.0, 1.0, 2.0]})
+    fig = figures.prefix_cache_figure(req, {"prefix_cache_hit_rate": 484 / 700, "per_replica": []})
+    assert "69%" in fig.layout.title.text
+    assert list(fig.data[0].y)[-1] == 1.0
+    with pytest.raises(CapacityError, match="cached_tokens"):
+        figures.prefix_cache_figure(req.drop(columns="cached_tokens"))
+    plan = figures.prefix_caching_plan_figure({"gpus": 2, "gpus_without_caching": 6, "router": "session_affinity",
+                                               "prefix_cache_hit_rate": 0.95, "routers": []})
+    assert list(plan.data[0].y) == [2, 6]
+    with pytest.raises(CapacityError, match="prefix_caching"):
+        figures.prefix_caching_plan_figure({})

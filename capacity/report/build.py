@@ -250,6 +250,11 @@ def _load_simulate(folder: Path) -> Report:
     req = _read_csv(folder / "requests.csv") if (folder / "requests.csv").is_file() else None
     rep.summary += payload_lines(payload) + _acceptance_line(req)
     _requests_figures(rep, {"simulated": req} if req is not None else {}, sc)
+    pc = _get(payload, "metrics", "prefix_cache")
+    if req is not None and "cached_tokens" in req:
+        _try(rep, "prefix_cache", "Prefix cache hits", lambda: F.prefix_cache_figure(req, pc, source=rep.source))
+    else:
+        rep.skipped.append(("Prefix cache hits", "the run had prefix caching off (engine.enable_prefix_caching)"))
     _speculation_by_load(rep, payload.get("speculation_by_batch"))
     return rep
 
@@ -436,6 +441,17 @@ def _load_plan(folder: Path) -> Report:
                        key=lambda n: (order.index(n) if n in order else len(order), n))
         runs = {n.replace("_", " "): _read_csv(ev_dir / n / "requests.csv") for n in names}
     rep.summary += _acceptance_line(next(iter(runs.values()), None))
+    pc = (rec or {}).get("prefix_caching")
+    if isinstance(pc, dict):
+        rep.summary.append(f"Prefix caching: {pc.get('gpus')} GPUs with it (hit rate "
+                           f"{_f(100 * (pc.get('prefix_cache_hit_rate') or 0), '{:.0f}')} %, router {pc.get('router')}), "
+                           f"{pc.get('gpus_without_caching') if pc.get('gpus_without_caching') is not None else 'none fits'} "
+                           f"without")
+        _try(rep, "prefix_caching", "Prefix caching: GPUs with and without it",
+             lambda: F.prefix_caching_plan_figure(pc, source=rep.source))
+    else:
+        rep.skipped.append(("Prefix caching: GPUs with and without it",
+                            "the traffic carries no block identities, or caching is off"))
     _requests_figures(rep, runs, sc if isinstance(sc, dict) else {})
     _speculation_by_load(rep, (rec or {}).get("speculation_by_batch"))
     return rep

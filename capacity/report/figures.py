@@ -35,7 +35,7 @@ __all__ = [
     "provenance", "code_version", "method_column", "n_column", "load_column",
     "pareto_figure", "speedup_figure", "speedup_table", "gpus_vs_growth_figure", "gpus_vs_traffic_figure",
     "latency_cdf_figure", "per_request_latencies", "acceptance_figure", "validation_figure",
-    "speculation_by_load_figure", "METRIC_LABELS",
+    "speculation_by_load_figure", "prefix_cache_figure", "prefix_caching_plan_figure", "METRIC_LABELS",
 ]
 
 # Column names as the sweep writes them (dotted scenario keys) and shorter spellings plan rows use.
@@ -304,6 +304,59 @@ def speedup_figure(rows: pd.DataFrame, *, source: str = "", metric: str = "tok_s
         fig.update_xaxes(title_text=LOAD_COLUMNS.get(load, load), row=1, col=2)
     fig.update_yaxes(title_text=f"speedup of {what} (× no speculation)", row=1, col=1)
     return _layout(fig, f"Speedup from speculative decoding ({what}, relative to method=none at the same load)",
+                   source)
+
+
+def prefix_cache_figure(requests: pd.DataFrame, prefix_cache: Mapping[str, Any] | None = None, *,
+                        source: str = "") -> go.Figure:
+    """Share of each request's prompt found in the prefix cache (the `cached_tokens` column of
+    requests.csv) as a CDF over requests, with the run's token-weighted hit rate (vLLM's
+    prefix_cache_hits / prefix_cache_queries) in the title, per replica when there are several."""
+    _need(requests, ["cached_tokens", "prompt_tokens"], "the prefix-cache figure (a run with caching on)")
+    done = requests
+    if "first_scheduled_s" in requests:
+        done = requests[pd.to_numeric(requests["first_scheduled_s"], errors="coerce").notna()]
+    share = _num(done, "cached_tokens") / _num(done, "prompt_tokens")
+    x, y = _cdf(share.dropna())
+    fig = go.Figure(go.Scatter(x=x * 100, y=y, mode="lines", line={"color": _colour(0)}, name="requests",
+                               hovertemplate="%{x:.0f} % of the prompt cached<br>%{y:.2f} of requests<extra></extra>"))
+    fig.update_xaxes(title_text="prompt found in the prefix cache (% of its tokens)", range=[0, 100])
+    fig.update_yaxes(title_text="share of requests (cumulative)", range=[0, 1])
+    title = "Prefix cache: share of each prompt found cached"
+    pc = prefix_cache or {}
+    if pc.get("prefix_cache_hit_rate") is not None:
+        title += f" (hit rate {pc['prefix_cache_hit_rate']:.0%} of prompt tokens"
+        per = [r.get("prefix_cache_hit_rate") for r in pc.get("per_replica") or []]
+        if len(per) > 1:
+            title += "; per replica " + ", ".join(f"{v:.0%}" for v in per)
+        title += ")"
+    return _layout(fig, title, source)
+
+
+def prefix_caching_plan_figure(pc: Mapping[str, Any], *, source: str = "") -> go.Figure:
+    """The plan's prefix-caching answer: GPUs the recommended configuration needs with caching on
+    and off, and, with several replicas, the hit rate under each router."""
+    if not pc or pc.get("gpus") is None:
+        raise CapacityError("the prefix-caching figure needs recommendation.prefix_caching (a plan of traffic "
+                            "with block identities and caching on)")
+    routers = pc.get("routers") or []
+    fig = make_subplots(rows=1, cols=2 if routers else 1, subplot_titles=(
+        ["GPUs needed", "prefix-cache hit rate by router"] if routers else ["GPUs needed"]))
+    off = pc.get("gpus_without_caching")
+    labels = [f"caching on ({pc.get('router', '').replace('_', ' ')})", "caching off"]
+    fig.add_trace(go.Bar(x=labels, y=[pc["gpus"], off if off is not None else 0], marker_color=[_colour(0), _NONE_COLOUR],
+                         text=[str(pc["gpus"]), str(off) if off is not None else "none fits"], textposition="outside",
+                         showlegend=False), row=1, col=1)
+    fig.update_yaxes(title_text="GPUs", rangemode="tozero", row=1, col=1)
+    if routers:
+        fig.add_trace(go.Bar(x=[r["router"].replace("_", " ") for r in routers],
+                             y=[100 * (r.get("prefix_cache_hit_rate") or 0) for r in routers],
+                             marker_color=[_colour(1) if r.get("slo_met") else "#bbbbbb" for r in routers],
+                             text=["SLO met" if r.get("slo_met") else "misses" for r in routers],
+                             textposition="outside", showlegend=False), row=1, col=2)
+        fig.update_yaxes(title_text="hit rate (% of prompt tokens)", range=[0, 105], row=1, col=2)
+    hit = pc.get("prefix_cache_hit_rate")
+    return _layout(fig, "Prefix caching: GPUs with and without it" + (f" (hit rate {hit:.0%})" if hit is not None else ""),
                    source)
 
 

@@ -101,6 +101,12 @@ def simulation_summary(result: SimulationResult) -> str:
         f"KV cache   mean {_num(_get(m, 'kv_utilisation', 'mean'), '.0%')}, max "
         f"{_num(_get(m, 'kv_utilisation', 'max'), '.0%')}; preemptions {_num(m.get('preemptions'), 'd')}",
     ]
+    pc = m.get("prefix_cache")
+    if pc:
+        per = [r["prefix_cache_hit_rate"] for r in pc.get("per_replica") or []]
+        lines.append(f"Prefix     {pc['prefix_cache_hit_rate']:.0%} of prompt tokens found cached "
+                     f"({pc['prefix_cache_hits_tokens']:,} of {pc['prefix_cache_queries_tokens']:,})"
+                     + (f"; per replica {', '.join(f'{v:.0%}' for v in per)}" if len(per) > 1 else ""))
     total = sum(result.step_breakdown_s.values()) or 1.0
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.step_breakdown_s.items(), key=lambda kv: -kv[1]) if v > 0)
     lines.append(f"Step time  {parts}")
