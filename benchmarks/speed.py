@@ -4,8 +4,10 @@ Run by hand (not in CI):
 
     python benchmarks/speed.py [--repeat N] [--hour-repeat N] [--skip-hour] [--cold-repeat N] [--reference REV]
 
-Cases: the built-in default scenario (one replica), and one hour of 10 req/s Poisson traffic on
-8 replicas of the default deployment.
+Cases: the single-turn chatbot (scenarios/chatbot_single_turn.yaml, one replica), one hour of
+10 req/s Poisson traffic on 8 replicas of it, and the default's conversations on 4 replicas behind
+session affinity (2,000 sessions) with prefix caching on and off; the on / off ratio is what
+caching costs the simulator.
 
 * warm: `simulate.run` in a worker process that has already imported everything and run one
   simulation, as in a sweep of many scenarios (the figure engineers care about); best and median
@@ -55,7 +57,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HOUR = ["deployment.replicas=8", "traffic.arrival.rate_rps=10", "traffic.num_requests=36000"]
-CASES = {"default": ("default scenario (1 replica)", []), "hour": ("1 h of 10 req/s on 8 replicas", HOUR)}
+# (what it is, scenario, overrides). SINGLE is the chatbot of independent requests (the default before
+# the default became multi-turn: an older tree has no chatbot_single_turn.yaml and runs its default).
+SINGLE = "chatbot_single_turn"
+CONVERSATIONS = ["deployment.replicas=4", "deployment.router=session_affinity",
+                 "traffic.arrival.rate_sessions_per_s=4", "traffic.arrival.num_sessions=2000"]
+CASES = {
+    "default": ("single-turn chatbot (1 replica)", SINGLE, []),
+    "hour": ("1 h of 10 req/s on 8 replicas", SINGLE, HOUR),
+    "conversations": ("conversations, 4 replicas, caching on", "default", CONVERSATIONS),
+    "conversations_off": ("conversations, 4 replicas, caching off", "default",
+                          CONVERSATIONS + ["engine.enable_prefix_caching=false"]),
+}
 COLD = {"simulate": [], "simulate --no-compare": ["--no-compare"]}
 PHASES = ("interpreter start and exit", "imports", "scenario", "set-up (deploy + traffic)", "simulation", "output")
 
@@ -71,13 +84,22 @@ def worker() -> None:
     from capacity.inputs import scenario
     from capacity.sim import simulate
 
-    scenarios = {name: scenario.load(None, overrides) for name, (_, overrides) in CASES.items()}
+    def load(name: str, overrides: list[str]):
+        try:
+            return scenario.load(name, overrides)
+        except Exception:                                   # an older tree: no such scenario or key
+            return scenario.load(None, overrides) if name == SINGLE else None
+
+    scenarios = {name: load(sc, overrides) for name, (_, sc, overrides) in CASES.items()}
     simulate.run(scenarios["default"])                     # warm-up: imports, model configs, caches
     print(json.dumps({"capacity": capacity.__file__}), flush=True)
     for line in sys.stdin:
         name = line.strip()
         if name == "quit":
             break
+        if scenarios[name] is None:
+            print(json.dumps({"missing": True}), flush=True)
+            continue
         w0, c0 = _clock()
         res = simulate.run(scenarios[name])
         w1, c1 = _clock()
@@ -252,11 +274,19 @@ def run(args: argparse.Namespace, versions: list[Version]) -> None:
         v.start()
     ratios: list[tuple[str, list[float]]] = []
 
-    cases = [("default", args.repeat)] + ([] if args.skip_hour else [("hour", args.hour_repeat)])
+    cases = [("default", args.repeat)] + ([] if args.skip_hour else [("hour", args.hour_repeat)]) \
+        + [("conversations", args.repeat), ("conversations_off", args.repeat)]
+    warm: dict[str, dict[str, list[dict]]] = {}
     for case, n in cases:
         got: dict[str, list[dict]] = {v.label: [] for v in versions}
         for _, v in _alternating(versions, n):
-            got[v.label].append(v.warm(case))
+            r = v.warm(case)
+            if not r.get("missing"):
+                got[v.label].append(r)
+        warm[case] = got
+        if any(not rs for rs in got.values()):
+            print(f"warm  {CASES[case][0]:32} (not in {', '.join(k for k, rs in got.items() if not rs)})")
+            continue
         for v in versions:
             rs = got[v.label]
             walls = [r["wall"] for r in rs]
@@ -273,6 +303,17 @@ def run(args: argparse.Namespace, versions: list[Version]) -> None:
                   f"{'identical' if len(same) == 1 else 'DIFFER'} between the versions ({', '.join(sorted(same))})")
             for clock in ("wall", "cpu"):
                 ratios.append((f"warm {CASES[case][0]}, {clock}", [x[clock] / y[clock] for x, y in zip(a, b)]))
+
+    # what prefix caching costs: the same conversations with caching on over caching off (CPU time)
+    for v in versions:
+        on, off = warm.get("conversations", {}).get(v.label), warm.get("conversations_off", {}).get(v.label)
+        if on and off:
+            per_step = [(r["cpu"] / r["steps"]) for r in on], [(r["cpu"] / r["steps"]) for r in off]
+            print(f"prefix caching on / off ({v.label}): CPU {_median([r['cpu'] for r in on]) / _median([r['cpu'] for r in off]):.2f}x, "
+                  f"wall {_median([r['wall'] for r in on]) / _median([r['wall'] for r in off]):.2f}x per run; "
+                  f"CPU per engine step {_median(per_step[0]) / _median(per_step[1]):.2f}x (with caching the "
+                  f"simulated engine runs {on[0]['steps'] / off[0]['steps']:.2f}x the steps: shorter prefills, "
+                  f"smaller batches)")
 
     for label, extra in COLD.items():
         got_c: dict[str, list[tuple[float, float]]] = {v.label: [] for v in versions}
