@@ -365,7 +365,9 @@ def free_form_notes() -> list[Note]:
                 "with a header of one of: Azure LLM inference trace 2023 (TIMESTAMP, ContextTokens, "
                 "GeneratedTokens), Vidur (arrived_at, num_prefill_tokens, num_decode_tokens), Mooncake "
                 "(timestamp_ms, input_length, output_length), BurstGPT (Timestamp, Request tokens, "
-                "Response tokens) or generic (arrival_s, input_tokens, output_tokens). Rows with 0 input or "
+                "Response tokens) or generic (arrival_s, input_tokens, output_tokens); or Mooncake's JSONL "
+                "(`.jsonl` / `.jsonl.gz`: timestamp ms, input_length, output_length, hash_ids), whose 512-token "
+                "block ids become the prefix cache's block identities. Rows with 0 input or "
                 "0 output tokens are dropped.",
             ])),
     ]
