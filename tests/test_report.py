@@ -446,7 +446,7 @@ def test_simulate_report(sim_dir, tmp_path):
     assert run_cli(["report", str(sim_dir), "--out", str(out)]) == 0
     rep = report.build_report(sim_dir)
     assert [s for s, _ in rep.figures] == ["latency_cdf", "acceptance", "prefix_cache", "speculation_by_load"]
-    text = check_page(out, 3)
+    text = check_page(out, 4)
     for needle in ("capacity simulate report: report-test", "scenario report-test",
                    "TTFT and TPOT distributions against the SLOs", "TTFT per request (ms, log scale)",
                    "fraction of requests (cumulative, 0–1)", "draft position j (token)",
