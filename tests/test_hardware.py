@@ -530,3 +530,28 @@ def test_a_transferred_profile_follows_its_sibling_when_the_sibling_changes(tmp_
     sib["efficiency"]["hbm"]["value"] = 0.6
     sib_path.write_text(yaml.safe_dump(sib, sort_keys=False) + "# changed\n")
     assert load_gpu(child_path).efficiency["hbm"] == 0.6
+
+
+def test_a_transferred_profile_takes_its_siblings_gemm_curve_without_rescaling_gemm(tmp_path):
+    """With a `gemm_curve` (its `gemm` a multiplier on the measured curve) the sibling's curve travels with
+    its efficiencies and the curve's ceiling is the child's own measured ratio (MI325X 843 / 1307.4), so
+    `gemm` is not scaled a second time by the two GPUs' measured ratios."""
+    sib = _raw("MI300X")
+    sib["efficiency"]["gemm"]["value"] = 0.9
+    sib["gemm_curve"] = {"fp8": {"value": 43.4, "unit": "GFLOP", "basis": "assumed", "source": ""},
+                         "bf16": {"value": 24.1, "unit": "GFLOP", "basis": "assumed", "source": ""}}
+    _write(tmp_path, sib, "sib.yaml")
+    child = _mi325x_document()
+    child["family_transfer"]["from"] = "sib.yaml"
+    gpu = load_gpu(_write(tmp_path, child, "child.yaml"))
+    assert gpu.gemm_curve == {"bf16": 24.1, "fp8": 43.4}
+    assert gpu.efficiency["gemm"] == 0.9
+    assert gpu.gemm_ceiling("bf16") == pytest.approx(843 / 1307.4)
+    assert gpu.provenance["gemm_curve.fp8"].basis.startswith("transferred from")
+
+
+def test_shipped_profiles_without_a_gemm_curve_have_none():
+    """The curve is opt-in: a profile without a `gemm_curve` section prices every GEMM at `gemm` of peak."""
+    for gpu in list_gpus():
+        if "gemm_curve" not in _raw(gpu.name) and not _raw(gpu.name).get("family_transfer"):
+            assert gpu.gemm_curve == {}

@@ -51,6 +51,17 @@ decode or prefill step is priced as before):
   verified position outside the roofline: attention tiles that re-read a sequence's KV once per
   BLOCK_Q query tokens (vLLM's triton unified attention), grouped-GEMM tile padding, the
   rejection sampler's passes over full-vocabulary logits.
+* Shape-dependent GEMM efficiency (opt-in per hardware profile: its `gemm_curve` section). Without
+  it every GEMM runs at one fraction `gemm` of peak. With it a GEMM call of W FLOPs (per GPU) of
+  compute dtype d reaches gemm x ceiling_d x W / (W + W_half_d) of peak: ceiling_d is the measured
+  max-achievable rate over peak (hipBLASLt/cuBLASLt MAF, `GpuProfile.gemm_ceiling`), W_half_d the
+  work at which a call reaches half of it, fitted to the GEMM size sweep (the profile says where
+  from), and `gemm` becomes a multiplier on that measured curve (1 = the microbenchmark). Summed over
+  the calls of a step the compute term is (FLOPs + calls x W_half) / (peak x gemm x ceiling): each
+  call costs W_half / (peak x ceiling) seconds more, the fixed per-call time the sweep's small sizes
+  show; large GEMMs (prefill) approach the ceiling and small-M decode GEMMs stay bound by their
+  weight bytes through the roofline's max(). Calls per step: `gemm_calls` (vLLM's fused linear
+  layers). Experts get the same curve at the experts' compute dtype, times `moe`.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
   every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
@@ -125,6 +136,19 @@ def expected_max_std_normal(m: int) -> float:
 
     value, _ = integrate.quad(lambda x: x * m * stats.norm.pdf(x) * stats.norm.cdf(x) ** (m - 1), -12.0, 12.0)
     return float(value)
+
+
+def gemm_calls(model: "ModelArch") -> tuple[int, int]:
+    """(dense GEMM kernels, routed-expert GEMM kernels) one forward pass runs per GPU. basis: vLLM's
+    model code fuses the projections: per layer one QKVParallelLinear (q, k, v) and one o_proj
+    RowParallelLinear; per dense-MLP layer one MergedColumnParallelLinear (gate + up) and one down_proj;
+    per MoE layer a router (ReplicatedLinear gate), the shared expert's gate_up and down where there is
+    one, and FusedMoE's two grouped GEMMs (w13, w2) for the routed experts; one LM head. MLA and
+    linear-attention layers run a few more projections each; counted as two (assumed)."""
+    moe = model.num_moe_layers
+    dense = (2 * model.num_layers + 2 * (model.num_layers - moe) + moe * (1 + 2 * (model.num_shared_experts > 0))
+             + (1 if model.params_lm_head else 0))
+    return dense, 2 * moe
 
 
 def _float_or_array(x):
@@ -385,6 +409,14 @@ class StepCostModel:
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         self._kv_split = 1 if model.uses_mla else self.tp
+        # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
+        dense_calls, expert_calls = gemm_calls(model)
+        w_dense = gpu.gemm_w_half_flops(model.dense_weight_dtype)
+        self._dense_curve = None if w_dense is None else (gpu.gemm_ceiling(model.dense_weight_dtype),
+                                                          dense_calls * w_dense)
+        w_expert = gpu.gemm_w_half_flops(model.compute_weight_dtype) if model.num_moe_layers else None
+        self._expert_curve = None if w_expert is None else (gpu.gemm_ceiling(model.compute_weight_dtype),
+                                                            expert_calls * w_expert)
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
         self.tables = AttentionTables(model)
@@ -474,14 +506,22 @@ class StepCostModel:
         bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
         n_tok = _float_or_array(f.num_tokens)
         dense_flops = self._dense_flops_per_token * n_tok + self._lm_head_flops * _float_or_array(f.num_sampled)
+        if self._dense_curve is None:
+            dense_compute_s = dense_flops / (tp * self._peak_dense * eff["gemm"])
+        else:
+            ceiling, extra = self._dense_curve
+            dense_compute_s = (dense_flops / tp + extra) / (self._peak_dense * eff["gemm"] * ceiling)
         parts: dict[str, np.ndarray | float] = {
-            "dense_gemm": fast_maximum(dense_flops / (tp * self._peak_dense * eff["gemm"]),
-                                       m.dense_weight_bytes / (tp * bw)),
+            "dense_gemm": fast_maximum(dense_compute_s, m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
             moe = eff[self.moe_efficiency_key]
-            flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
+            if self._expert_curve is None:
+                flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
+            else:
+                ceiling, extra = self._expert_curve
+                flops_s = (m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
             bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)

@@ -19,7 +19,7 @@ import functools
 import datetime as _dt
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -41,6 +41,10 @@ FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allr
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
 """Tensor-core data types a profile may list under `peak_dense_tflops` (bf16 is required)."""
+
+GEMM_CURVE_MEASURED = {"bf16": "gemm_bf16_tflops", "fp8": "gemm_fp8_tflops"}
+"""The measured max-achievable GEMM rate that is the ceiling of a `gemm_curve.<dtype>` entry (the
+curve is defined only for the dtypes a max-achievable-FLOPS measurement exists for)."""
 
 MEASURED_KEYS = (
     "gemm_bf16_tflops",
@@ -96,6 +100,7 @@ _EXPECTED_UNIT = {
     "efficiency.per_seq_overhead_us": "us",
     "efficiency.spec_seq_overhead_us": "us",
     "efficiency.spec_token_overhead_us": "us",
+    "gemm_curve": "GFLOP",
 }
 
 # Weight dtype spellings -> family. See GpuProfile.compute_dtype for the rule.
@@ -160,6 +165,23 @@ class GpuProfile:
     efficiency: dict[str, float]
     provenance: dict[str, Sourced]
     path: str
+    gemm_curve: dict[str, float] = field(default_factory=dict)
+    """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
+    W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
+    reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
+    rate / peak (`gemm_ceiling`), and `efficiency.gemm` is a multiplier on that measured curve (1 =
+    the microbenchmark). Empty: every GEMM at efficiency.gemm of peak, as before."""
+
+    def gemm_ceiling(self, dtype: str) -> float:
+        """Measured max-achievable GEMM rate over dense peak of the compute dtype a GEMM on `dtype`
+        weights runs in (the asymptote of the gemm curve)."""
+        compute = self.compute_dtype(dtype)
+        return self.measured[GEMM_CURVE_MEASURED[compute]] / self.peak_dense_tflops[compute]
+
+    def gemm_w_half_flops(self, dtype: str) -> float | None:
+        """W_half (FLOPs) of the gemm curve for GEMMs on `dtype` weights; None: no curve for its compute dtype."""
+        w = self.gemm_curve.get(self.compute_dtype(dtype))
+        return None if w is None else w * 1e9
 
     def compute_dtype(self, weight_dtype: str) -> str:
         """The tensor-core dtype (a key of `peak_dense_tflops`) that a GEMM on weights of `weight_dtype` runs in.
@@ -209,7 +231,7 @@ class GpuProfile:
         Unknown keys or out-of-range values raise CapacityError.
         """
         provenance = dict(self.provenance)
-        allowed = SCALAR_KEYS + ("peak_dense_tflops", "measured", "efficiency")
+        allowed = SCALAR_KEYS + ("peak_dense_tflops", "measured", "efficiency", "gemm_curve")
         for key, new in changes.items():
             if key not in allowed:
                 raise CapacityError(
@@ -223,7 +245,8 @@ class GpuProfile:
                     f"override '{key}' of GPU {self.name} must be a mapping such as {{'{_first_subkey(key)}': 0.5}}, "
                     f"got {new!r}"
                 )
-            valid = {"peak_dense_tflops": PEAK_DTYPES, "measured": MEASURED_KEYS, "efficiency": EFFICIENCY_KEYS}[key]
+            valid = {"peak_dense_tflops": PEAK_DTYPES, "measured": MEASURED_KEYS, "efficiency": EFFICIENCY_KEYS,
+                     "gemm_curve": tuple(GEMM_CURVE_MEASURED)}[key]
             for sub, sub_value in new.items():
                 if sub not in valid:
                     raise CapacityError(
@@ -250,6 +273,7 @@ class GpuProfile:
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
             "measured": dict(self.measured),
             "efficiency": dict(self.efficiency),
+            "gemm_curve": dict(self.gemm_curve),
             "provenance": {key: record.as_dict() for key, record in self.provenance.items()},
             "path": self.path,
         }
@@ -403,6 +427,7 @@ class _ProfileModel(BaseModel):
     measured: dict[str, _LeafModel] = Field(default_factory=dict)
     efficiency: _EfficiencyModel | None = None
     family_transfer: _FamilyTransferModel | None = None
+    gemm_curve: dict[str, _LeafModel] | None = None
 
     @field_validator("measured", mode="before")
     @classmethod
@@ -464,6 +489,8 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
         add(key, getattr(model, key))
     for key, leaf in model.measured.items():
         add(f"measured.{key}", leaf)
+    for key, leaf in (model.gemm_curve or {}).items():
+        add(f"gemm_curve.{key}", leaf)
     if (model.efficiency is None) == (model.family_transfer is None):
         raise CapacityError(f"{where}: give either an 'efficiency' section or a 'family_transfer' from a sibling GPU, "
                             f"not {'both' if model.efficiency is not None else 'neither'}; {_SCHEMA_HINT}")
@@ -504,10 +531,17 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
         raise CapacityError(f"{where}: family_transfer.from {sibling.name} is {sibling.architecture}, not the "
                             f"{family_of(architecture) or '?'} family of this profile; transfer only within a family")
     out: dict[str, Sourced] = {}
+    # A sibling's gemm curve travels with its efficiencies (its `gemm` is a multiplier on the curve,
+    # whose ceiling is then this GPU's own measured max-achievable ratio: no second scaling).
+    curve = {k: r for k, r in sibling.provenance.items() if k.startswith("gemm_curve.")}
+    for k, r in curve.items():
+        if k not in own:
+            out[k] = Sourced(value=r.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({r.basis})",
+                             source=f"{sibling.name} profile: {r.source}", unit=r.unit, note=r.note)
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
-        scaled = _measured_scale(key, own, sibling)
+        scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
         if scaled is not None:
             factor, why = scaled
             value = min(1.0, old.value * factor)
@@ -563,11 +597,20 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
             fail(key, f"is not a known tensor-core dtype (use {', '.join(PEAK_DTYPES)})")
         if group == "measured" and sub not in MEASURED_KEYS:
             fail(key, f"is not a known measurement (use {', '.join(MEASURED_KEYS)})")
+        if group == "gemm_curve":
+            if sub not in GEMM_CURVE_MEASURED:
+                fail(key, f"is not a dtype with a max-achievable GEMM measurement (use {', '.join(GEMM_CURVE_MEASURED)})")
+            for need in (f"measured.{GEMM_CURVE_MEASURED[sub]}", f"peak_dense_tflops.{sub}"):
+                if need not in provenance:
+                    fail(key, f"needs {need} (the curve's ceiling is the measured max-achievable rate over peak)")
         if group == "efficiency" and sub not in EFFICIENCY_KEYS:
             fail(key, f"is not an efficiency parameter (use {', '.join(EFFICIENCY_KEYS)})")
         if group == "efficiency" and sub in FRACTION_EFFICIENCY_KEYS:
             if not 0.0 < value <= 1.0:
                 fail(key, f"must be a fraction in (0, 1], got {value:g}")
+        elif group == "gemm_curve":
+            if value < 0:
+                fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
                      "efficiency.request_overhead_ms", "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
@@ -609,6 +652,7 @@ def _profile_from_provenance(
         efficiency=values("efficiency", EFFICIENCY_KEYS),
         provenance={key: provenance[key] for key in ordered},
         path=path,
+        gemm_curve=values("gemm_curve", tuple(GEMM_CURVE_MEASURED)),
     )
 
 
@@ -619,6 +663,7 @@ def _ordered_keys(provenance: Mapping[str, Sourced]) -> list[str]:
         + list(SCALAR_KEYS)
         + [f"measured.{m}" for m in MEASURED_KEYS]
         + [f"efficiency.{e}" for e in EFFICIENCY_KEYS]
+        + [f"gemm_curve.{d}" for d in GEMM_CURVE_MEASURED]
     )
     return [key for key in order if key in provenance]
 
@@ -647,6 +692,9 @@ def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mappin
         document[key] = leaf(key)
     document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
     document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")}
+    curve = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("gemm_curve.")}
+    if curve:
+        document["gemm_curve"] = curve
     return document
 
 
@@ -667,7 +715,7 @@ def _as_number(value: Any, key: str, where: str) -> float:
 
 
 def _first_subkey(group: str) -> str:
-    return {"peak_dense_tflops": "bf16", "measured": "gemm_bf16_tflops", "efficiency": "gemm"}[group]
+    return {"peak_dense_tflops": "bf16", "measured": "gemm_bf16_tflops", "efficiency": "gemm", "gemm_curve": "fp8"}[group]
 
 
 def _describe_validation_error(exc: ValidationError) -> str:
