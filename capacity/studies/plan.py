@@ -995,8 +995,13 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
             goodput.append(f"tpot:{1000.0 / s.threshold:g}")
     pct = sorted({s.stat[1:] for s in st.slos if s.stat.startswith("p")} | {"50"}, key=float)
     n_prompts = evidence_requests(st.slos, 1, st.cfg.requests_per_probe)
+    mean_prompt = int(round(float(stream.prompt_tokens.mean())))
+    # with prefix caching, the planned share of each prompt found cached becomes one shared prefix
+    # (vllm bench serve's --random-prefix-len: that many tokens before each random prompt)
+    shared = int(round(mean_prompt * st.cached_share)) if e.enable_prefix_caching and st.router is not None else 0
+    prefix = ["--random-prefix-len", str(shared)] if shared else []
     bench = ["vllm", "bench", "serve", "--backend", "vllm", "--model", d.model, "--base-url", "http://SERVER:8000",
-             "--dataset-name", "random", "--random-input-len", str(int(round(float(stream.prompt_tokens.mean())))),
+             "--dataset-name", "random", *prefix, "--random-input-len", str(max(mean_prompt - shared, 1)),
              "--random-output-len", str(int(round(float(stream.output_tokens.mean())))), "--ignore-eos",
              "--request-rate", f"{per_replica:.3g}", "--burstiness", "1.0", "--num-prompts", str(n_prompts),
              "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", ",".join(pct)]
@@ -1018,7 +1023,10 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
             "CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES, and port) behind a load balancer",
             "the bench line checks one replica at its share of the planned rate with random prompts of the "
             "traffic's mean lengths; acceptance depends on the text, so for speculation benchmark your own "
-            "prompts (e.g. --dataset-name sharegpt --dataset-path ...) and feed the result to `capacity validate`"],
+            "prompts (e.g. --dataset-name sharegpt --dataset-path ...) and feed the result to `capacity validate`"]
+        + ([f"the planned {st.cached_share:.0%} of each prompt found in the prefix cache is one shared "
+            f"{shared}-token prefix in the bench line; to replay conversations themselves use vLLM's "
+            "benchmarks/multi_turn/benchmark_serving_multi_turn.py"] if shared else []),
     }
 
 
