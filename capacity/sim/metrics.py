@@ -137,7 +137,11 @@ class Slo:
     op: "<" (upper bound, latencies) or ">" (lower bound, tok_s_per_user); both inclusive as in
         vLLM's goodput test.
     threshold: milliseconds for latencies, tokens/s for tok_s_per_user.
+    class_name: None (judged on every request) or the request class (`traffic.classes[].name`)
+        whose requests alone it is judged on, e.g. `ttft[support]:p99<1s`.
     text: the SLO as the user wrote it (for reports).
+    unit: the unit the user wrote the threshold in ("s", "ms", "us", "tok/s"), to print achieved
+        values in it; for display only.
     """
 
     metric: str
@@ -145,21 +149,36 @@ class Slo:
     op: str
     threshold: float
     text: str = field(default="", compare=False)
+    class_name: str | None = None
+    unit: str = field(default="", compare=False)
 
     def __str__(self) -> str:
         if self.text:
             return self.text
         unit = "" if self.metric in RATE_METRICS else "ms"
-        return f"{self.metric}:{self.stat}{self.op}{self.threshold:g}{unit}"
+        qualifier = f"[{self.class_name}]" if self.class_name is not None else ""
+        return f"{self.metric}{qualifier}:{self.stat}{self.op}{self.threshold:g}{unit}"
 
     def holds(self, value: float) -> bool:
         """Whether a value meets the objective (inclusive, like vLLM's `slo >= value`)."""
         return bool(value <= self.threshold) if self.op == "<" else bool(value >= self.threshold)
 
+    def display(self, value: float | None) -> str:
+        """An achieved value (ms or tok/s, as `summarize` reports it) with its unit, in the unit the
+        SLO was written in: `ttft:p99<1s` -> '0.812 s', `tpot:p90<15ms` -> '12.3 ms'."""
+        if value is None:
+            return "n/a"
+        if self.metric in RATE_METRICS:
+            return f"{value:.1f} tok/s"
+        unit = self.unit if self.unit in _TIME_UNITS_MS else "ms"
+        v = value / _TIME_UNITS_MS[unit]
+        return f"{v:.3g} {unit}" if unit == "s" else f"{v:,.1f} {unit}"
+
 
 _SLO_RE = re.compile(
-    r"^(?P<metric>[a-z_0-9]+)\s*:\s*(?P<stat>[a-z][a-z0-9.]*)\s*(?P<op>[<>]=?)\s*"
-    r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(?P<unit>[a-z/]*)$"
+    r"^(?P<metric>[a-z_0-9]+)\s*(?:\[(?P<cls>[^\[\]]*)\]\s*)?:\s*(?P<stat>[a-z][a-z0-9.]*)\s*(?P<op>[<>]=?)\s*"
+    r"(?P<num>[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?)\s*(?P<unit>[a-z/]*)$",
+    re.IGNORECASE,
 )
 
 
@@ -181,10 +200,19 @@ def _parse_stat(stat: str) -> str | None:
 def parse_slos(text: str) -> list[Slo]:
     """Parse SLOs such as "ttft:p99<1s;tpot:p90<40ms;e2e:p50<20s;tok_s_per_user:p10>20".
 
-    Items are separated by ';' or ','.  Each is METRIC:STAT<VALUE[UNIT] for latencies (ttft,
-    tpot, itl, e2e; alias e2el) with UNIT s, ms or us (a bare number is ms, as in vLLM's
-    --goodput), or tok_s_per_user:STAT>VALUE in tokens/s.  STAT is mean, min, max, median or pNN.
-    '<=' and '>=' are accepted and mean the same as '<' and '>' (all bounds are inclusive).
+    Items are separated by ';' or ','.  Each is METRIC:STAT<VALUE UNIT for latencies (ttft,
+    tpot, itl, e2e; alias e2el) with UNIT s, ms or us (write the unit; a bare number is still read
+    as ms, as in vLLM's --goodput), or tok_s_per_user:STAT>VALUE in tokens/s (unit tok/s
+    optional).  STAT is mean, min, max, median or pNN.  '<=' and '>=' are accepted and mean the
+    same as '<' and '>' (all bounds are inclusive).  Metric, statistic and unit are
+    case-insensitive.
+
+    Per request class: METRIC[CLASS]:STAT<VALUE UNIT, e.g. "ttft[support]:p99<1s", is judged on
+    the requests of traffic class CLASS (`traffic.classes[].name`, case-sensitive, written
+    without ';', ',', '[' or ']') only; an unqualified SLO is judged on all requests.  For goodput
+    a request counts as good when it meets every unqualified SLO and every SLO qualified with its
+    own class.  `summarize` refuses a class the run's requests do not have.  ITL SLOs cannot be
+    qualified: ITL gaps are pooled over all requests and not recorded per request.
     """
     if not isinstance(text, str) or not text.strip():
         raise CapacityError(f"no SLOs given; write them like '{SLO_EXAMPLE}'")
@@ -203,18 +231,24 @@ def _parse_one_slo(part: str) -> Slo:
     def bad(why: str) -> CapacityError:
         return CapacityError(f"bad SLO '{part}': {why}; write SLOs like '{SLO_EXAMPLE}'")
 
-    m = _SLO_RE.match(part.lower())
+    m = _SLO_RE.match(part)
     if m is None:
-        raise bad("expected METRIC:STAT<VALUE[UNIT], e.g. ttft:p99<1s")
-    metric = _METRIC_ALIASES.get(m["metric"], m["metric"])
+        raise bad("expected METRIC:STAT<VALUE UNIT or METRIC[CLASS]:STAT<VALUE UNIT, e.g. ttft:p99<1s")
+    raw_metric = m["metric"].lower()
+    metric = _METRIC_ALIASES.get(raw_metric, raw_metric)
     if metric not in LATENCY_METRICS + RATE_METRICS:
-        raise bad(f"unknown metric '{m['metric']}' (use ttft, tpot, itl, e2e or tok_s_per_user)")
-    stat = _parse_stat(m["stat"])
+        raise bad(f"unknown metric '{raw_metric}' (use ttft, tpot, itl, e2e or tok_s_per_user)")
+    class_name = None if m["cls"] is None else m["cls"].strip()
+    if class_name is not None and not class_name:
+        raise bad("empty request class in [] (name one of traffic.classes, e.g. ttft[support]:p99<1s)")
+    if class_name is not None and metric not in _PER_REQUEST_METRICS:
+        raise bad(f"{metric} cannot be judged per request class: its gaps are pooled over all requests")
+    stat = _parse_stat(m["stat"].lower())
     if stat is None:
-        raise bad(f"unknown statistic '{m['stat']}' (use mean, min, max, median or pNN with NN in 0..100)")
+        raise bad(f"unknown statistic '{m['stat'].lower()}' (use mean, min, max, median or pNN with NN in 0..100)")
     op = m["op"][0]
     value = float(m["num"])
-    unit = m["unit"]
+    unit = m["unit"].lower()
     if metric in LATENCY_METRICS:
         if op != "<":
             raise bad(f"{metric} is a latency, so its SLO is an upper bound: use '<'")
@@ -231,7 +265,8 @@ def _parse_one_slo(part: str) -> Slo:
         threshold = value
     if not (threshold > 0 and math.isfinite(threshold)):
         raise bad("the threshold must be a positive number")
-    return Slo(metric=metric, stat=stat, op=op, threshold=threshold, text=part)
+    return Slo(metric=metric, stat=stat, op=op, threshold=threshold, text=part, class_name=class_name,
+               unit=unit if metric in LATENCY_METRICS else "tok/s")
 
 
 def _check_requests(requests: pd.DataFrame) -> None:
@@ -463,6 +498,77 @@ def _json_float(x: float | None) -> float | None:
     return x if math.isfinite(x) else None
 
 
+_LAT_STATS = ("mean", "p50", "p90", "p99")
+_USER_STATS = ("mean", "p10", "p50", "p90")
+
+
+def _request_values(done: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The per-request samples each statistic is taken over (completed requests; TPOT and
+    tok_s_per_user only those with more than one output token)."""
+    has_tpot = done["tpot_ms"].notna()
+    return {
+        "ttft": done["ttft_ms"].to_numpy(float),
+        "tpot": done.loc[has_tpot, "tpot_ms"].to_numpy(float),
+        "e2e": done["e2e_ms"].to_numpy(float),
+        "queue_delay": done["queue_delay_ms"].to_numpy(float),
+        "tok_s_per_user": done.loc[has_tpot, "tok_s_per_user"].to_numpy(float),
+    }
+
+
+def _request_stats(df: pd.DataFrame, duration_s: float, num_gpus: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The statistics that follow from the per-request records alone, with one definition for a
+    whole run and for one request class (`df`: sent, not refused requests, `per_request_frame`d;
+    throughputs over the run's `duration_s` and all its `num_gpus`, so a run's per-class
+    throughputs add up to its own).  Returns (statistics, the samples they were taken over)."""
+    done = df[df["completed"]]
+    completed = int(len(done))
+    total_in = int(done["prompt_tokens"].sum())
+    total_out = int(done["output_tokens"].sum())
+    values = _request_values(done)
+    out_tput = total_out / duration_s
+    tot_tput = (total_in + total_out) / duration_s
+    median_tpot = _stat(values["tpot"], "p50")
+    stats: dict[str, Any] = {
+        "num_requests": int(len(df)),
+        "completed": completed,
+        "unfinished": int(len(df)) - completed,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput_rps": completed / duration_s,
+        "output_throughput_tok_s": out_tput,
+        "total_throughput_tok_s": tot_tput,
+        "output_throughput_tok_s_per_gpu": out_tput / num_gpus,
+        "total_throughput_tok_s_per_gpu": tot_tput / num_gpus,
+        "ttft_ms": _stats(values["ttft"], _LAT_STATS),
+        "tpot_ms": _stats(values["tpot"], _LAT_STATS),
+        "e2e_ms": _stats(values["e2e"], _LAT_STATS),
+        "queue_delay_ms": _stats(values["queue_delay"], _LAT_STATS),
+        "tok_s_per_user": _stats(values["tok_s_per_user"], _USER_STATS),
+        "tok_s_per_user_at_median_tpot": (
+            1000.0 / median_tpot if median_tpot is not None and median_tpot > 0 else None
+        ),
+        "preemptions": int(df["num_preemptions"].sum()),
+    }
+    return stats, values
+
+
+def _class_names(requests: pd.DataFrame) -> list[str]:
+    """The request classes of a run, in order of first appearance (every request, refused and
+    unsent ones included)."""
+    if "class_name" not in requests.columns:
+        return []
+    return [str(c) for c in pd.unique(requests["class_name"].astype(str))]
+
+
+def _check_slo_classes(slos: list[Slo], names: list[str]) -> None:
+    for slo in slos:
+        if slo.class_name is not None and slo.class_name not in names:
+            have = ", ".join(repr(n) for n in names if n) or "none (the traffic has no named classes)"
+            raise CapacityError(
+                f"SLO '{slo}' names request class '{slo.class_name}', which the traffic does not have; "
+                f"its classes: {have}")
+
+
 def summarize(
     requests: pd.DataFrame,
     itl_s: np.ndarray,
@@ -476,74 +582,76 @@ def summarize(
     of completed requests (vLLM pools only successful requests' ITLs).  Aggregate SLOs are
     checked on their stated statistic; goodput applies every per-request SLO threshold to each
     completed request (ITL SLOs have no per-request value and are checked in aggregate only).
-    `slo_met` is False whenever the run is unstable: its statistics describe a transient, not a
-    steady state.
+    A class-qualified SLO (`ttft[support]:p99<1s`, see `parse_slos`) is checked on that class's
+    requests only, and in goodput applies to that class's requests only; its row carries
+    `"class"`.  `slo_met` is False whenever the run is unstable: its statistics describe a
+    transient, not a steady state.
+
+    With more than one request class (the frame's `class_name` column), `per_class` maps each
+    class (in order of first appearance) to the same statistics computed on its requests alone
+    (`_request_stats`: the run's duration and GPUs as denominators), plus `failed`,
+    `goodput_rps` (its requests that are good under the SLOs that apply to them, per second: the
+    classes' goodputs add up to the run's), `slo` (the rows of the SLOs qualified with that class)
+    and `slo_met` (None when no SLO names the class).  There is no per-class ITL: `itl_s` pools
+    the chunk gaps of all requests without saying whose they are, so it cannot be split exactly.
+    A one-class run has no `per_class` key.
     """
+    names = _class_names(requests)
+    if slos:
+        _check_slo_classes(slos, names)
     failed = 0
+    refused = None
+    all_requests = requests
     if "rejected" in requests.columns:          # refused by the server: outside every statistic (vllm bench serve)
         refused = requests["rejected"].to_numpy(bool)
         failed = int(refused.sum())
         if failed:
             requests = requests[~refused]
     df = _sent(per_request_frame(requests))
-    done = df[df["completed"]]
     duration_s = float(run.end_s - run.start_s)
-    completed = int(len(done))
-    total_in = int(done["prompt_tokens"].sum())
-    total_out = int(done["output_tokens"].sum())
-    has_tpot = done["tpot_ms"].notna()
-    tpot_ms = done.loc[has_tpot, "tpot_ms"].to_numpy(float)
-    tok_s_user = done.loc[has_tpot, "tok_s_per_user"].to_numpy(float)
+    base, values = _request_stats(df, duration_s, run.num_gpus)
+    done = df[df["completed"]]
+    completed = base["completed"]
     itl_ms = np.asarray(itl_s, dtype=float).ravel() * 1000.0
     itl_ms = itl_ms[~np.isnan(itl_ms)]
-
-    values: dict[str, np.ndarray] = {
-        "ttft": done["ttft_ms"].to_numpy(float),
-        "tpot": tpot_ms,
-        "itl": itl_ms,
-        "e2e": done["e2e_ms"].to_numpy(float),
-        "tok_s_per_user": tok_s_user,
-    }
-    lat_stats = ("mean", "p50", "p90", "p99")
-    out_tput = total_out / duration_s
-    tot_tput = (total_in + total_out) / duration_s
-    median_tpot = _stat(tpot_ms, "p50")
+    values["itl"] = itl_ms
     stable, note = assess_stability(requests, run)
 
     result: dict[str, Any] = {
-        "num_requests": int(len(df)),
+        "num_requests": base["num_requests"],
         "not_sent": int(len(requests) - len(df)),
         "completed": completed,
-        "unfinished": int(len(df)) - completed,
+        "unfinished": base["unfinished"],
         "failed": failed,
         "duration_s": duration_s,
-        "total_input_tokens": total_in,
-        "total_output_tokens": total_out,
-        "request_throughput_rps": completed / duration_s,
-        "output_throughput_tok_s": out_tput,
-        "total_throughput_tok_s": tot_tput,
-        "output_throughput_tok_s_per_gpu": out_tput / run.num_gpus,
-        "total_throughput_tok_s_per_gpu": tot_tput / run.num_gpus,
-        "ttft_ms": _stats(values["ttft"], lat_stats),
-        "tpot_ms": _stats(values["tpot"], lat_stats),
-        "itl_ms": _stats(values["itl"], lat_stats),
-        "e2e_ms": _stats(values["e2e"], lat_stats),
-        "queue_delay_ms": _stats(done["queue_delay_ms"].to_numpy(float), lat_stats),
-        "tok_s_per_user": _stats(tok_s_user, ("mean", "p10", "p50", "p90")),
-        "tok_s_per_user_at_median_tpot": (
-            1000.0 / median_tpot if median_tpot is not None and median_tpot > 0 else None
-        ),
+        **{k: base[k] for k in ("total_input_tokens", "total_output_tokens", "request_throughput_rps",
+                                "output_throughput_tok_s", "total_throughput_tok_s",
+                                "output_throughput_tok_s_per_gpu", "total_throughput_tok_s_per_gpu",
+                                "ttft_ms", "tpot_ms")},
+        "itl_ms": _stats(values["itl"], _LAT_STATS),
+        **{k: base[k] for k in ("e2e_ms", "queue_delay_ms", "tok_s_per_user", "tok_s_per_user_at_median_tpot")},
         "goodput_rps": None,
         "slo": [],
         "slo_met": None,
         "kv_utilisation": _series_stats(run.t_s, run.kv_used_fraction),
         "running": _series_stats(run.t_s, run.running),
         "waiting": _series_stats(run.t_s, run.waiting),
-        "preemptions": int(df["num_preemptions"].sum()),
+        "preemptions": base["preemptions"],
         "stable": stable,
         "stability_note": note,
     }
 
+    per_class = len(names) > 1
+    done_class = done["class_name"].astype(str).to_numpy(object) if "class_name" in done.columns else None
+    class_values: dict[str, dict[str, np.ndarray]] = {}
+    class_stats: dict[str, dict[str, Any]] = {}
+    if per_class or (slos and any(s.class_name is not None for s in slos)):
+        df_class = df["class_name"].astype(str).to_numpy(object)
+        for name in names:
+            class_stats[name], class_values[name] = _request_stats(df[df_class == name], duration_s, run.num_gpus)
+
+    good = None
+    rows = []
     if slos:
         good = np.ones(completed, dtype=bool)
         # vLLM `all_tpots`: a request with <= 1 output token has TPOT 0 for goodput.
@@ -553,16 +661,22 @@ def summarize(
             "e2e": done["e2e_ms"].to_numpy(float),
             "tok_s_per_user": done["tok_s_per_user"].fillna(np.inf).to_numpy(float),
         }
-        rows = []
         for slo in slos:
+            if slo.class_name is None:
+                judged = values
+            else:
+                judged = class_values[slo.class_name]
             if slo.metric in _PER_REQUEST_METRICS:
                 v = per_req[slo.metric]
-                good &= (v <= slo.threshold) if slo.op == "<" else (v >= slo.threshold)
-            achieved = _stat(values[slo.metric], slo.stat)
+                ok = (v <= slo.threshold) if slo.op == "<" else (v >= slo.threshold)
+                # a qualified SLO leaves the other classes' requests as they are
+                good &= ok if slo.class_name is None else (ok | (done_class != slo.class_name))
+            achieved = _stat(judged[slo.metric], slo.stat)
             met = achieved is not None and slo.holds(achieved)
-            rows.append(
-                {"slo": str(slo), "achieved": _json_float(achieved), "threshold": slo.threshold, "met": met}
-            )
+            row = {"slo": str(slo), "achieved": _json_float(achieved), "threshold": slo.threshold, "met": met}
+            if slo.class_name is not None:
+                row["class"] = slo.class_name
+            rows.append(row)
         result["goodput_rps"] = int(np.sum(good)) / duration_s
         result["slo"] = rows
         result["slo_met"] = bool(all(r["met"] for r in rows) and stable)
@@ -571,6 +685,31 @@ def summarize(
                 "kv_utilisation", "running", "waiting"):
         result[key] = {k: _json_float(v) for k, v in result[key].items()}
     result["tok_s_per_user_at_median_tpot"] = _json_float(result["tok_s_per_user_at_median_tpot"])
+
+    if per_class:
+        refused_class = (all_requests["class_name"].astype(str).to_numpy(object)[refused]
+                         if refused is not None and failed else np.empty(0, dtype=object))
+        blocks: dict[str, Any] = {}
+        for name in names:
+            st = class_stats[name]
+            block: dict[str, Any] = {
+                **{k: st[k] for k in ("num_requests", "completed", "unfinished")},
+                "failed": int(np.sum(refused_class == name)),
+                **{k: st[k] for k in st if k not in ("num_requests", "completed", "unfinished")},
+                "goodput_rps": None,
+                "slo": [],
+                "slo_met": None,
+            }
+            for key in ("ttft_ms", "tpot_ms", "e2e_ms", "queue_delay_ms", "tok_s_per_user"):
+                block[key] = {k: _json_float(v) for k, v in block[key].items()}
+            block["tok_s_per_user_at_median_tpot"] = _json_float(block["tok_s_per_user_at_median_tpot"])
+            if good is not None:
+                block["goodput_rps"] = int(np.sum(good & (done_class == name))) / duration_s
+                block["slo"] = [r for r in rows if r.get("class") == name]
+                if block["slo"]:
+                    block["slo_met"] = bool(all(r["met"] for r in block["slo"]) and stable)
+            blocks[name] = block
+        result["per_class"] = blocks
     return result
 
 

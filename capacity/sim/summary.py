@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from capacity.errors import CapacityError
 from capacity.inputs.scenario import Scenario, Speculative
 from capacity.sim import simulate
+from capacity.sim.metrics import parse_slos
 from capacity.sim.simulate import SimulationResult
 from capacity.spec.policies import break_even, decode_step_time
 from capacity.util.jsonio import write_json
@@ -111,10 +113,10 @@ def simulation_summary(result: SimulationResult) -> str:
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.step_breakdown_s.items(), key=lambda kv: -kv[1]) if v > 0)
     lines.append(f"Step time  {parts}")
     if m.get("slo"):
-        checks = "; ".join(
-            f"{s['slo']} → {'n/a' if s['achieved'] is None else format(s['achieved'], '.1f')} {'ok' if s['met'] else 'MISSED'}"
-            for s in m["slo"])
+        checks = "; ".join(f"{s['slo']} → {_achieved(s)} {'ok' if s['met'] else 'MISSED'}" for s in m["slo"])
         lines.append(f"SLOs       {checks}; goodput {_num(m.get('goodput_rps') or 0, '.2f')} req/s")
+    if m.get("per_class"):
+        lines += per_class_lines(m["per_class"])
     if result.comparison is not None:
         lines += ["", comparison_table(result.comparison, result)]
         sb = result.extras.get("speculation_by_batch") or speculation_by_batch(result)
@@ -123,6 +125,42 @@ def simulation_summary(result: SimulationResult) -> str:
     speed = result.sim_time_s / result.wall_time_s if result.wall_time_s > 0 else float("inf")
     lines.append(f"Simulated  {result.sim_time_s:.0f} s of serving in {result.wall_time_s:.2f} s ({speed:,.0f}× real time, {result.num_steps:,} engine steps)")
     return "\n".join(lines)
+
+
+def _achieved(row: dict[str, Any]) -> str:
+    """An SLO row's achieved value with its unit, in the unit the SLO was written in."""
+    try:
+        slo = parse_slos(str(row["slo"]))[0]
+    except CapacityError:                       # a row not written by parse_slos: plain ms or tok/s
+        return "n/a" if row.get("achieved") is None else format(row["achieved"], ".1f")
+    return slo.display(row.get("achieved"))
+
+
+PER_CLASS_COLUMNS = (
+    ("TTFT p50/p99 ms", "ttft_ms", ("p50", "p99"), ",.0f"),
+    ("TPOT p50/p90 ms", "tpot_ms", ("p50", "p90"), ".1f"),
+    ("E2E p50/p90 ms", "e2e_ms", ("p50", "p90"), ",.0f"),
+)
+
+
+def per_class_lines(per_class: dict[str, dict[str, Any]]) -> list[str]:
+    """A compact latency table with one row per request class (`metrics["per_class"]`); with SLOs
+    also each class's goodput and whether the SLOs that name it are met (the SLOs line above
+    has each SLO's achieved value)."""
+    width = max(10, *(len(str(c)) for c in per_class))
+    head = f"{'Per class':{width}} {'completed':>10}  " + "  ".join(f"{h:>17}" for h, _, _, _ in PER_CLASS_COLUMNS)
+    judged = any(b.get("goodput_rps") is not None for b in per_class.values())
+    if judged:
+        head += f"  {'goodput req/s':>13}  {'class SLOs':>10}"
+    out = [head]
+    for name, b in per_class.items():
+        cells = [" / ".join(_num(_get(b, key, st), fmt) for st in stats) for _, key, stats, fmt in PER_CLASS_COLUMNS]
+        row = f"{str(name):{width}} {_num(b.get('completed'), 'd'):>10}  " + "  ".join(f"{c:>17}" for c in cells)
+        if judged:
+            verdict = {True: "met", False: "MISSED"}.get(b.get("slo_met"), "-")   # "-": no SLO names the class
+            row += f"  {_num(b.get('goodput_rps'), '.2f'):>13}  {verdict:>10}"
+        out.append(row)
+    return out
 
 
 COMPARISON_ROWS = (
