@@ -420,3 +420,107 @@ def test_unsorted_series_fall_back_to_sample_mean():
     s = summarize(tiny_requests(), TINY_ITL_S, run)
     assert s["running"] == pytest.approx({"mean": 3.0, "max": 6.0})
     assert s["kv_utilisation"] == pytest.approx({"mean": 0.5, "max": 0.8})
+
+
+# --------------------------------------------------------------------------------------------
+# Per-class statistics and class-qualified SLOs (issue 18 item 6), on the tiny run:
+# chat = R0, R1 (TTFT 300, 200; E2E 1100, 200; TPOT 200 from R0 only); code = R2 (TTFT 1000,
+# E2E 2000, TPOT 1000/6).
+# --------------------------------------------------------------------------------------------
+
+
+def test_tiny_run_per_class_hand_values():
+    s = summarize(tiny_requests(), TINY_ITL_S, tiny_run())
+    approx = pytest.approx
+    assert list(s["per_class"]) == ["chat", "code"]
+    chat, code = s["per_class"]["chat"], s["per_class"]["code"]
+    assert (chat["num_requests"], chat["completed"], code["num_requests"], code["completed"]) == (2, 2, 1, 1)
+    assert chat["ttft_ms"] == approx({"mean": 250.0, "p50": 250.0, "p90": 290.0, "p99": 299.0})
+    assert chat["e2e_ms"] == approx({"mean": 650.0, "p50": 650.0, "p90": 1010.0, "p99": 1091.0})
+    assert chat["tpot_ms"] == approx({"mean": 200.0, "p50": 200.0, "p90": 200.0, "p99": 200.0})
+    assert chat["queue_delay_ms"]["p50"] == approx(50.0)
+    assert chat["tok_s_per_user"]["p50"] == approx(5.0)
+    assert code["ttft_ms"]["p99"] == approx(1000.0) and code["tpot_ms"]["mean"] == approx(1000 / 6)
+    # the run's duration and GPUs are the denominators, so the classes add up to the run
+    assert chat["output_throughput_tok_s"] == approx(6 / 4) and code["output_throughput_tok_s"] == approx(7 / 4)
+    assert chat["output_throughput_tok_s_per_gpu"] == approx(6 / 8)
+    assert chat["request_throughput_rps"] == approx(2 / 4)
+    assert (chat["preemptions"], code["preemptions"]) == (1, 2)
+    assert "itl_ms" not in chat                    # ITL gaps are pooled without their request
+    assert chat["goodput_rps"] is None and chat["slo"] == [] and chat["slo_met"] is None
+    json.dumps(s, allow_nan=False)
+    # one class: no per_class block, and the rest unchanged
+    one = tiny_requests().assign(class_name="chat")
+    t = summarize(one, TINY_ITL_S, tiny_run())
+    assert "per_class" not in t
+    assert json.dumps({k: v for k, v in s.items() if k != "per_class"}) == json.dumps(t)
+    assert "per_class" not in summarize(tiny_requests().drop(columns="class_name"), TINY_ITL_S, tiny_run())
+
+
+def test_class_qualified_slos_and_goodput_by_hand():
+    # ttft[chat]:p50<260ms -> chat p50 250 met; ttft[code]:max<900ms -> code 1000 missed;
+    # tpot:max<190ms applies to all: R0 (200) fails it, R1 (1 token, TPOT 0) and R2 (166.7) pass.
+    slos = parse_slos("ttft[chat]:p50<260ms;ttft[code]:max<0.9s;tpot:max<190ms")
+    s = summarize(tiny_requests(), TINY_ITL_S, tiny_run(), slos)
+    rows = {r["slo"]: r for r in s["slo"]}
+    assert rows["ttft[chat]:p50<260ms"] == {"slo": "ttft[chat]:p50<260ms", "achieved": pytest.approx(250.0),
+                                             "threshold": 260.0, "met": True, "class": "chat"}
+    assert rows["ttft[code]:max<0.9s"]["achieved"] == pytest.approx(1000.0)
+    assert rows["ttft[code]:max<0.9s"]["met"] is False and rows["ttft[code]:max<0.9s"]["class"] == "code"
+    assert rows["tpot:max<190ms"]["met"] is False and "class" not in rows["tpot:max<190ms"]
+    assert s["slo_met"] is False
+    # good: R1 only (R0 misses the TPOT bound, R2 the code TTFT bound); the code bound does not
+    # touch R0/R1, the chat bound does not touch R2
+    assert s["goodput_rps"] == pytest.approx(1 / 4)
+    chat, code = s["per_class"]["chat"], s["per_class"]["code"]
+    assert chat["goodput_rps"] == pytest.approx(1 / 4) and code["goodput_rps"] == 0.0
+    assert [r["slo"] for r in chat["slo"]] == ["ttft[chat]:p50<260ms"] and chat["slo_met"] is True
+    assert [r["slo"] for r in code["slo"]] == ["ttft[code]:max<0.9s"] and code["slo_met"] is False
+    # a qualified SLO is not applied to the other class: chat's R0 (300 ms) stays good under a
+    # code-only 250 ms bound, which code's R2 (1000 ms) misses
+    s2 = summarize(tiny_requests(), TINY_ITL_S, tiny_run(), parse_slos("ttft[code]:max<250ms"))
+    assert s2["slo_met"] is False and s2["goodput_rps"] == pytest.approx(2 / 4)
+    assert s2["per_class"]["chat"]["slo_met"] is None and s2["per_class"]["chat"]["goodput_rps"] == pytest.approx(2 / 4)
+
+
+def test_unknown_class_in_an_slo_is_one_line_naming_the_classes():
+    with pytest.raises(CapacityError) as exc:
+        summarize(tiny_requests(), TINY_ITL_S, tiny_run(), parse_slos("ttft:p99<1s;ttft[Chat]:p99<1s"))
+    msg = str(exc.value)
+    assert "\n" not in msg and "'Chat'" in msg and "'chat', 'code'" in msg
+    with pytest.raises(CapacityError, match="no named classes"):
+        summarize(tiny_requests().drop(columns="class_name"), TINY_ITL_S, tiny_run(), parse_slos("ttft[chat]:p99<1s"))
+
+
+def test_parse_class_qualified_slos():
+    a, b, c = parse_slos("TTFT[Support Bot]:P99<1S; tpot [code] : p90 < 15 ms ,e2el[x]:median<20s")
+    assert a == Slo("ttft", "p99", "<", 1000.0, class_name="Support Bot")   # the class keeps its case
+    assert b == Slo("tpot", "p90", "<", 15.0, class_name="code")
+    assert c == Slo("e2e", "p50", "<", 20000.0, class_name="x")
+    assert a != Slo("ttft", "p99", "<", 1000.0)                             # the class is part of the SLO
+    assert str(Slo("ttft", "p99", "<", 1000.0, class_name="chat")) == "ttft[chat]:p99<1000ms"
+    assert parse_slos("tok_s_per_user[chat]:p10>20")[0].class_name == "chat"
+    assert parse_slos("ttft:p99<1s")[0].class_name is None
+    # achieved values print in the unit the SLO was written in
+    assert a.display(812.345) == "0.812 s"
+    assert b.display(12.34) == "12.3 ms"
+    assert parse_slos("tpot:p90<15")[0].display(12.34) == "12.3 ms"         # bare number: ms (vLLM)
+    assert parse_slos("itl:p90<500us")[0].display(0.25) == "250.0 us"
+    assert parse_slos("tok_s_per_user:p10>20")[0].display(33.333) == "33.3 tok/s"
+    assert a.display(None) == "n/a"
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("ttft[]:p99<1s", "empty request class"),
+        ("ttft[ ]:p99<1s", "empty request class"),
+        ("itl[chat]:p99<1s", "cannot be judged per request class"),
+        ("ttft[a[b]]:p99<1s", "expected METRIC:STAT<VALUE"),
+        ("ttft[chat:p99<1s", "expected METRIC:STAT<VALUE"),
+    ],
+)
+def test_parse_class_qualified_slos_bad(text, fragment):
+    with pytest.raises(CapacityError) as exc:
+        parse_slos(text)
+    assert fragment in str(exc.value) and "\n" not in str(exc.value)
