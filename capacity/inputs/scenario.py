@@ -165,7 +165,8 @@ class Scenario(_Strict):
     speculative: Speculative = Field(default_factory=Speculative, description="speculative decoding; off by default")
     traffic: TrafficConfig = Field(description="what arrives and when to stop")
     slo: str | None = Field(None, max_length=1000, description="service-level objectives, e.g. 'ttft:p99<1s;tpot:p90<40ms'; "
-                                             "none: no SLO check (`capacity plan` needs them)")
+                                             "an item naming a traffic class, e.g. 'ttft[support]:p99<1s', is judged on "
+                                             "that class's requests only; none: no SLO check (`capacity plan` needs them)")
     simulation: Simulation = Field(default_factory=Simulation, description="seed and horizon")
     plan: dict[str, Any] | None = Field(None, description="search space and target of `capacity plan` (capacity/studies/plan.py)")
 
