@@ -97,6 +97,7 @@ __all__ = [
     "GammaArrivals",
     "ClosedLoop",
     "TraceArrivals",
+    "RateProfile",
     "SessionArrivals",
     "Arrival",
     "TrafficConfig",
@@ -282,6 +283,40 @@ class RequestClass(_Strict):
 # --------------------------------------------------------------------------------------------
 
 
+class RateProfile(_Strict):
+    """Load that varies over the day: during the i-th `step_s` seconds the rate is the process's rate
+    times `multipliers[i]`, and the pattern repeats every len(multipliers) x step_s seconds (24
+    hourly values make a day). Arrivals are drawn at the constant rate on an operational clock and
+    mapped to real time through the cumulative multiplier (the time-rescaling theorem: exact for
+    Poisson arrivals; gamma gaps keep their shape within a step). The multipliers are yours to set:
+    `assumed` unless you measured them (e.g. requests per hour from your own logs)."""
+
+    step_s: float = Field(3600.0, gt=0, allow_inf_nan=False, description="length of one step of the profile",
+                          json_schema_extra={"unit": "s"})
+    multipliers: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] = Field(
+        min_length=1, max_length=100_000, description="the rate's multiplier in each step (> 0), repeating")
+
+    @property
+    def period_s(self) -> float:
+        return self.step_s * len(self.multipliers)
+
+    def _knots(self) -> tuple[np.ndarray, np.ndarray]:
+        m = np.asarray(self.multipliers, dtype=float)
+        return np.arange(len(m) + 1) * self.step_s, np.concatenate([[0.0], np.cumsum(m * self.step_s)])
+
+    def operational(self, t: np.ndarray | float) -> np.ndarray:
+        """The cumulative multiplier Λ(t) = ∫0^t m(s) ds: real seconds to operational seconds."""
+        knots_t, knots_l = self._knots()
+        k, r = np.divmod(np.asarray(t, dtype=float), self.period_s)
+        return k * knots_l[-1] + np.interp(r, knots_t, knots_l)
+
+    def real(self, op: np.ndarray) -> np.ndarray:
+        """Λ's inverse: operational seconds back to real seconds."""
+        knots_t, knots_l = self._knots()
+        k, r = np.divmod(np.asarray(op, dtype=float), knots_l[-1])
+        return k * self.period_s + np.interp(r, knots_l, knots_t)
+
+
 class PoissonArrivals(_Strict):
     """Exponential inter-arrival gaps with mean 1/rate_rps (= `gamma` with burstiness 1, drawn
     identically). `rate_rps: .inf` sends every request at t = 0, as vLLM's `--request-rate inf`."""
@@ -291,6 +326,8 @@ class PoissonArrivals(_Strict):
     vllm_rescale: bool = Field(
         True, description="as vllm bench serve: scale cumulative arrival times so the last of "
                           "num_requests lands at num_requests/rate_rps (only when num_requests is set)")
+    rate_profile: RateProfile | None = Field(None, description="time-varying load: rate_rps x the profile's "
+                                                               "multiplier of the moment (a day of hourly values)")
 
 
 class GammaArrivals(_Strict):
@@ -306,6 +343,8 @@ class GammaArrivals(_Strict):
     vllm_rescale: bool = Field(
         True, description="as vllm bench serve: scale cumulative arrival times so the last of "
                           "num_requests lands at num_requests/rate_rps (only when num_requests is set)")
+    rate_profile: RateProfile | None = Field(None, description="time-varying load: rate_rps x the profile's "
+                                                               "multiplier of the moment (a day of hourly values)")
 
 
 class ClosedLoop(_Strict):
@@ -346,6 +385,8 @@ class SessionArrivals(_Strict):
                                                      ".inf = constant gaps")
     num_sessions: int | None = Field(None, ge=1, description="conversations to start; null = as many as start "
                                                              "within traffic.duration_s")
+    rate_profile: RateProfile | None = Field(None, description="time-varying load: rate_sessions_per_s x the "
+                                                               "profile's multiplier of the moment")
 
 
 Arrival = Annotated[
@@ -417,6 +458,9 @@ class TrafficConfig(_Strict):
         if self.num_requests is None and self.duration_s is None:
             raise ValueError(f"'{arrival.process}' arrivals need num_requests or duration_s to know "
                              f"when to stop; set at least one")
+        if math.isinf(arrival.rate_rps) and arrival.rate_profile is not None:
+            raise ValueError("rate_rps .inf sends every request at t=0, so a rate_profile has nothing to shape; "
+                             "give a finite rate_rps or remove rate_profile")
         if math.isinf(arrival.rate_rps) and self.num_requests is None:
             raise ValueError("rate_rps .inf sends every request at t=0, so it needs num_requests")
         return self
@@ -961,6 +1005,12 @@ def open_loop_arrivals(arrival: PoissonArrivals | GammaArrivals, num_requests: i
                         duration_s: float | None, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) of a Poisson or gamma process as `vllm bench serve` draws them: `num_requests`
     of them, or as many as fall within `duration_s`."""
+    profile = getattr(arrival, "rate_profile", None)
+    if profile is not None:                 # drawn on the operational clock, mapped back to real time
+        flat = arrival.model_copy(update={"rate_profile": None})
+        op = open_loop_arrivals(flat, num_requests, None if duration_s is None else float(profile.operational(duration_s)),
+                                rng)
+        return profile.real(op)
     rate = arrival.rate_rps
     burstiness = arrival.burstiness if isinstance(arrival, GammaArrivals) else 1.0
     if math.isinf(rate):  # vLLM: delay 0 for every request
@@ -1117,7 +1167,8 @@ def _session_starts(arrival: SessionArrivals, duration_s: float | None, rng: np.
     if n is None and duration_s is not None and rate * duration_s > MAX_REQUESTS:
         raise CapacityError(f"rate_sessions_per_s x duration_s is {rate * duration_s:.3g} sessions, above the limit "
                             f"of {MAX_REQUESTS}; shorten duration_s or lower rate_sessions_per_s")
-    process = GammaArrivals(rate_rps=rate, burstiness=arrival.burstiness, vllm_rescale=False)
+    process = GammaArrivals(rate_rps=rate, burstiness=arrival.burstiness, vllm_rescale=False,
+                            rate_profile=arrival.rate_profile)
     starts = open_loop_arrivals(process, n, duration_s, rng)
     if len(starts) == 0:
         raise CapacityError(f"no session starts within duration_s={duration_s:g} s at rate_sessions_per_s="

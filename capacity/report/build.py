@@ -452,6 +452,11 @@ def _load_plan(folder: Path) -> Report:
     else:
         rep.skipped.append(("Prefix caching: GPUs with and without it",
                             "the traffic carries no block identities, or caching is off"))
+    dl = (rec or {}).get("daily")
+    if isinstance(dl, dict):
+        rep.summary.append(f"Over the day: {dl.get('gpu_hours_per_day_following', 0):,.0f} GPU-hours if replicas follow "
+                           f"the rate profile, {dl.get('gpu_hours_per_day_at_peak', 0):,.0f} at the peak all day")
+        _try(rep, "daily", "GPUs over the day", lambda: F.daily_figure(dl, source=rep.source))
     _requests_figures(rep, runs, sc if isinstance(sc, dict) else {})
     _speculation_by_load(rep, (rec or {}).get("speculation_by_batch"))
     return rep

@@ -35,7 +35,7 @@ __all__ = [
     "provenance", "code_version", "method_column", "n_column", "load_column",
     "pareto_figure", "speedup_figure", "speedup_table", "gpus_vs_growth_figure", "gpus_vs_traffic_figure",
     "latency_cdf_figure", "per_request_latencies", "acceptance_figure", "validation_figure",
-    "speculation_by_load_figure", "prefix_cache_figure", "prefix_caching_plan_figure", "METRIC_LABELS",
+    "speculation_by_load_figure", "prefix_cache_figure", "prefix_caching_plan_figure", "daily_figure", "METRIC_LABELS",
 ]
 
 # Column names as the sweep writes them (dotted scenario keys) and shorter spellings plan rows use.
@@ -358,6 +358,28 @@ def prefix_caching_plan_figure(pc: Mapping[str, Any], *, source: str = "") -> go
     hit = pc.get("prefix_cache_hit_rate")
     return _layout(fig, "Prefix caching: GPUs with and without it" + (f" (hit rate {hit:.0%})" if hit is not None else ""),
                    source)
+
+
+def daily_figure(daily: Mapping[str, Any], *, source: str = "") -> go.Figure:
+    """GPUs over the day when replicas follow the scenario's rate_profile (the plan's `daily` block),
+    with the offered rate on a second axis."""
+    steps = daily.get("steps") or []
+    if not steps:
+        raise CapacityError("the GPUs-over-the-day figure needs recommendation.daily (a scenario with a rate_profile)")
+    hours = [x["start_s"] / 3600.0 for x in steps]
+    width = daily["step_s"] / 3600.0
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(go.Bar(x=[h + width / 2 for h in hours], y=[x["gpus"] for x in steps], width=width * 0.95,
+                         name="GPUs needed", marker_color=_colour(0),
+                         hovertemplate="from %{x:.1f} h: %{y} GPUs<extra></extra>"), secondary_y=False)
+    fig.add_trace(go.Scatter(x=[h + width / 2 for h in hours], y=[x["rate_rps"] for x in steps], mode="lines+markers",
+                             name="offered load", line={"color": _colour(1)},
+                             hovertemplate="%{y:.2f} req/s<extra></extra>"), secondary_y=True)
+    fig.update_xaxes(title_text="time of the profile (hours)")
+    fig.update_yaxes(title_text="GPUs", rangemode="tozero", secondary_y=False)
+    fig.update_yaxes(title_text="offered load (requests/s)", rangemode="tozero", secondary_y=True)
+    return _layout(fig, f"GPUs over the day: {daily['gpu_hours_per_day_following']:,.0f} GPU-hours if replicas follow "
+                        f"the load, {daily['gpu_hours_per_day_at_peak']:,.0f} at the peak's all day", source)
 
 
 def speculation_by_load_figure(sb: Mapping[str, Any], *, source: str = "") -> go.Figure:

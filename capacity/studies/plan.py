@@ -167,6 +167,7 @@ def candidate_scenario(base: dict[str, Any], c: Candidate, rate: float, replicas
         # conversations keep their shape; the session rate gives `rate` requests per second
         per_session = expected_requests_per_session(TrafficConfig.model_validate(sc["traffic"]))
         sc["traffic"]["arrival"] = {**arrival, "rate_sessions_per_s": float(rate) / per_session}
+        sc["traffic"]["arrival"].pop("rate_profile", None)      # the plan probes steady load (the peak)
         if num_requests:
             sc["traffic"]["arrival"]["num_sessions"] = max(1, math.ceil(int(num_requests) / per_session))
             sc["traffic"].pop("duration_s", None)
@@ -707,6 +708,33 @@ def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, A
     return rows
 
 
+def daily(st: _Setup, best: Candidate) -> dict[str, Any] | None:
+    """With a `rate_profile` in the scenario's arrivals: plan.target_rate_rps is the peak, each step of
+    the profile gets target x multiplier / peak multiplier, and the replicas it needs are that rate x
+    (1 + headroom) over the confirmed per-replica rate (scaled from the confirmed cluster, not
+    simulated step by step); GPU-hours per day if replicas follow the profile, against keeping the
+    peak's all day. None without a profile."""
+    sc = scenario_mod.from_dict({k: v for k, v in st.base.items() if k != "plan"}, "plan")
+    profile = getattr(sc.traffic.arrival, "rate_profile", None)
+    if profile is None or not best.max_rate_per_replica_rps:
+        return None
+    peak = max(profile.multipliers)
+    steps = []
+    for i, m in enumerate(profile.multipliers):
+        rate = st.cfg.target_rate_rps * m / peak
+        replicas = max(1, math.ceil(rate * (1 + st.cfg.headroom) / best.max_rate_per_replica_rps - 1e-9))
+        steps.append({"start_s": i * profile.step_s, "rate_rps": rate, "replicas": min(replicas, best.replicas),
+                      "gpus": min(replicas, best.replicas) * best.tensor_parallel_size})
+    per_day = 86400.0 / profile.period_s
+    follow = sum(x["gpus"] for x in steps) * profile.step_s / 3600.0 * per_day
+    return {"step_s": profile.step_s, "period_s": profile.period_s, "peak_rate_rps": st.cfg.target_rate_rps,
+            "steps": steps, "gpu_hours_per_day_following": follow,
+            "gpu_hours_per_day_at_peak": best.total_gpus * 24.0,
+            "cost_per_day_following_usd": follow * best.cost_per_gpu_hour_usd,
+            "basis": "replicas per step = ceil(rate x (1 + headroom) / the confirmed per-replica rate); "
+                     "scaled from the confirmed cluster, not simulated step by step"}
+
+
 ROUTERS = ("round_robin", "least_outstanding", "session_affinity", "prefix_aware")
 
 
@@ -856,6 +884,7 @@ def run(scenario_name: str | None = None, overrides: list[str] | None = None, wo
     rec["context"] = context(st, best, rec)
     rec["sensitivity"] = sensitivity(st, best, prog)
     rec["prefix_caching"] = prefix_caching(st, best, evidence, prog)
+    rec["daily"] = daily(st, best)
     prog.close()
     rec_sc["description"] = _describe(rec, st)
     if fewer_sc is not None:
@@ -1117,6 +1146,13 @@ def summary_text(p: PlanResult) -> str:
                 + (f", TTFT p99 {x['ttft_p99_ms']:,.0f} ms" if x.get("ttft_p99_ms") is not None else "")
                 + ("" if x["slo_met"] else " (misses)") for x in pc["routers"])
         lines += wrap.wrap(text)
+    dl = r.get("daily")
+    if dl:
+        lines += wrap.wrap(f"over the day (rate_profile, peak {dl['peak_rate_rps']:g} req/s): "
+                           f"{min(x['gpus'] for x in dl['steps'])}-{max(x['gpus'] for x in dl['steps'])} GPUs, "
+                           f"{dl['gpu_hours_per_day_following']:,.0f} GPU-hours a day if replicas follow the load "
+                           f"against {dl['gpu_hours_per_day_at_peak']:,.0f} at the peak's all day "
+                           f"(replicas scaled from the confirmed per-replica rate)")
     if r.get("acceptance_basis"):
         lines += wrap.wrap("acceptance basis: " + r["acceptance_basis"])
     sb = r.get("speculation_by_batch")
