@@ -23,6 +23,11 @@ Definitions follow vLLM's benchmark client, `vllm/benchmarks/serve.py` (`calcula
 * goodput = completed requests meeting *every* SLO threshold, per request, / duration.  vLLM's
   test is `slo >= value` (inclusive), so a value equal to the threshold meets it.
 * percentiles use `np.percentile` with numpy's default (linear) method; p50 equals vLLM's median.
+* per request class (`per_class`, runs with more than one `traffic.classes` name): every statistic
+  above except ITL, on that class's requests with the same definitions and the run's duration;
+  a class-qualified SLO (`ttft[support]:p99<1s`) is judged on its class, and in goodput a request
+  must meet the unqualified SLOs and those naming its own class (vLLM has no classes: with none
+  qualified this is vLLM's goodput).
 
 Deviations from vLLM, on purpose: an empty metric reports None (vLLM reports 0 via
 `np.mean(x or 0)`, which reads as a perfect latency); the SLO language is richer than vLLM's
@@ -565,8 +570,8 @@ def _check_slo_classes(slos: list[Slo], names: list[str]) -> None:
         if slo.class_name is not None and slo.class_name not in names:
             have = ", ".join(repr(n) for n in names if n) or "none (the traffic has no named classes)"
             raise CapacityError(
-                f"SLO '{slo}' names request class '{slo.class_name}', which the traffic does not have; "
-                f"its classes: {have}")
+                f"SLO '{slo}' names request class '{slo.class_name}', but no request of the run is of that "
+                f"class (traffic.classes[].name); the run's classes: {have}")
 
 
 def summarize(
