@@ -567,3 +567,23 @@ def test_png_export_without_a_browser_is_one_line(sim_dir, tmp_path, monkeypatch
     assert run_cli(["report", str(sim_dir), "--out", str(tmp_path / "r.html"), "--png", str(tmp_path / "png")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "chromium" in err
+
+
+def test_the_pareto_figure_of_plan_rows_names_each_points_gpu():
+    """Plan candidates (issue 18 item 10): each point's GPU is its marker (a legend entry per GPU) and
+    in its hover text; rows the planner did not simulate (no metrics) are left out."""
+    import pandas as pd
+
+    from capacity.report import figures as F
+
+    rows = pd.DataFrame({"gpu": ["MI300X", "MI355X", "MI355X", "MI300X"],
+                         "method": ["none", "none", "eagle3", "eagle3"],
+                         "label": ["MI300X TP1 none", "MI355X TP1 none", "MI355X TP1 eagle3 N=3", "MI300X TP1 eagle3 N=3"],
+                         "tok_s_per_user_p50": [40.0, 55.0, 120.0, None],
+                         "output_throughput_tok_s_per_gpu": [300.0, 420.0, 800.0, None]})
+    fig = F.pareto_figure(rows)
+    names = [t.name for t in fig.data]
+    assert "MI300X" in names and "MI355X" in names
+    drawn = [t for t in fig.data if t.x and t.x[0] is not None]
+    assert sum(len(t.x) for t in drawn) == 3
+    assert any("MI355X TP1 eagle3" in txt for t in drawn for txt in (t.text or []))

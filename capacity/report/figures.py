@@ -209,20 +209,33 @@ def pareto_figure(rows: pd.DataFrame, *, source: str = "",
         raise CapacityError(f"the throughput-vs-speed figure has no stable row with both {x} and {y}")
     fig = go.Figure()
     colours = _method_colours(_ordered_methods(df._m))
-    hover_cols = ["point_id", n_column(df) or "", load_column(df) or "", "num_gpus"]
+    hover_cols = ["label", "point_id", n_column(df) or "", load_column(df) or "", "num_gpus", "total_gpus"]
+    gpu_col = _first(df, ("deployment.gpu", "gpu"))
+    symbols = ("circle", "diamond", "square", "triangle-up", "cross", "x", "star", "pentagon")
+    gpus = sorted(df[gpu_col].astype(str).unique()) if gpu_col else []
+    symbol_of = {g: symbols[i % len(symbols)] for i, g in enumerate(gpus)}
+
+    def marker_symbols(g: pd.DataFrame) -> list[str] | str:
+        return [symbol_of[str(v)] for v in g[gpu_col]] if gpu_col and len(gpus) > 1 else "circle"
+
     for m, colour in colours.items():
         g = df[df._m == m]
         front = g.iloc[pareto_front(g._x.to_numpy(), g._y.to_numpy())]
         fig.add_trace(go.Scatter(x=front._x, y=front._y, mode="lines+markers", name=m, legendgroup=m,
-                                 line={"color": colour, "width": 2}, marker={"color": colour, "size": 9},
+                                 line={"color": colour, "width": 2},
+                                 marker={"color": colour, "size": 9, "symbol": marker_symbols(front)},
                                  text=_hover(front, hover_cols), hovertemplate="%{text}<br>%{x:.1f} tok/s per user"
                                  "<br>%{y:,.0f} tok/s per GPU<extra>" + m + " frontier</extra>"))
         rest = g.drop(front.index)
         if len(rest):
             fig.add_trace(go.Scatter(x=rest._x, y=rest._y, mode="markers", name=f"{m} (dominated)", legendgroup=m,
-                                     showlegend=False, marker={"color": colour, "size": 6, "opacity": 0.45},
+                                     showlegend=False, marker={"color": colour, "size": 6, "opacity": 0.45,
+                                                               "symbol": marker_symbols(rest)},
                                      text=_hover(rest, hover_cols), hovertemplate="%{text}<br>%{x:.1f} tok/s per user"
                                      "<br>%{y:,.0f} tok/s per GPU<extra>" + m + "</extra>"))
+    for g, symbol in symbol_of.items() if len(gpus) > 1 else ():     # a legend entry per GPU's marker
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=g,
+                                 marker={"symbol": symbol, "color": "#444", "size": 9}))
     note = f" · {dropped} unstable point(s) left out" if dropped else ""
     fig.update_xaxes(title_text="speed per user, median (tok/s per user)")
     fig.update_yaxes(title_text="output throughput (tok/s per GPU)", rangemode="tozero")

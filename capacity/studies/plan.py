@@ -118,6 +118,9 @@ class Candidate:
     cost_per_hour_usd: float = 0.0
     cost_per_gpu_hour_usd: float = 0.0
     confirmed: bool = False
+    # the speed per user and throughput per GPU of the run its rate comes from (simulated rows only)
+    tok_s_per_user_p50: float | None = None
+    output_throughput_tok_s_per_gpu: float | None = None
     # how the row's per-replica rate was found, in words (analytic model, one simulated replica, or
     # the whole cluster confirmed by simulation)
     basis: str = "analytic estimate (mean-value model, not simulated)"
@@ -266,10 +269,15 @@ def _simulate(scenario_dict: dict[str, Any], explain: bool = False) -> dict[str,
             "_result": res}
 
 
-def _probe(args) -> tuple[int, float, bool]:
+def _probe(args) -> tuple[int, float, bool, tuple[float | None, float | None]]:
     idx, scenario_dict, rate = args
     r = _simulate(scenario_dict)
-    return idx, rate, bool(r.get("ok"))
+    return idx, rate, bool(r.get("ok")), _point(r.get("metrics") or {})
+
+
+def _point(m: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(median tok/s per user, output tok/s per GPU) of a run's metrics, for the Pareto figure."""
+    return (m.get("tok_s_per_user") or {}).get("p50"), m.get("output_throughput_tok_s_per_gpu")
 
 
 @dataclass
@@ -433,10 +441,12 @@ def _probe_shortlist(st: _Setup, top: list[Candidate], ratio: float, workers: in
     jobs = [(i, candidate_scenario(st.base, c, c.analytic_rate_rps * ratio * f, num_requests=st.cfg.requests_per_probe),
              c.analytic_rate_rps * ratio * f) for i, c in enumerate(top) for f in _PROBE_FACTORS]
     results: dict[int, list[tuple[float, bool]]] = {}
+    points: dict[tuple[int, float], tuple[float | None, float | None]] = {}
     done = 0
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        for idx, rate, ok in pool.map(_probe, jobs):
+        for idx, rate, ok, point in pool.map(_probe, jobs):
             results.setdefault(idx, []).append((rate, ok))
+            points[(idx, rate)] = point
             done += 1
             prog.update(f"simulating candidates (round {round_ + 1})", done, len(jobs))
     for i, c in enumerate(top):
@@ -444,6 +454,7 @@ def _probe_shortlist(st: _Setup, top: list[Candidate], ratio: float, workers: in
         c.simulated = True
         if ok_rates:
             c.max_rate_per_replica_rps = max(ok_rates)
+            c.tok_s_per_user_p50, c.output_throughput_tok_s_per_gpu = points[(i, c.max_rate_per_replica_rps)]
             c.basis = (f"simulated: one replica met the SLOs at {c.max_rate_per_replica_rps:.2f} req/s "
                        f"({st.cfg.requests_per_probe} requests)")
             _size(c, st.target, st.cfg.max_replicas)
@@ -663,6 +674,7 @@ def _confirm(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any] | No
     best.replicas, best.total_gpus = replicas, replicas * best.tensor_parallel_size
     best.cost_per_hour_usd = best.total_gpus * best.cost_per_gpu_hour_usd
     best.max_rate_per_replica_rps = st.target / replicas
+    best.tok_s_per_user_p50, best.output_throughput_tok_s_per_gpu = _point(runs[replicas].get("metrics") or {})
     best.basis = (f"confirmed: {replicas} replicas simulated at {st.target:g} req/s meet the SLOs"
                   + (f", {replicas - 1} miss" if replicas > 1 else ""))
     return {"recommended": runs[replicas], "one_fewer_replica": runs.get(replicas - 1),
