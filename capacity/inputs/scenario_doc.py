@@ -334,7 +334,9 @@ def free_form_notes() -> list[Note]:
             "* METRIC: `ttft`, `tpot`, `itl`, `e2e` (a latency: `<`, UNIT `s`, `ms` or `us`; a bare number "
             "is ms, as vLLM's `--goodput`) or `tok_s_per_user` (a rate: `>`, tokens/s);",
             "* STAT: `mean`, `min`, `max`, `median` or `pNN` (e.g. `p99`, `p99.9`);",
-            "* bounds are inclusive (`<=` and `>=` mean the same).",
+            "* bounds are inclusive (`<=` and `>=` mean the same);",
+            "* `METRIC[CLASS]:…` judges the SLO on request class CLASS only (not `itl`); a request is good for "
+            "goodput when it meets the unqualified SLOs and those naming its class.",
         ])),
         Note(("plan",), "capacity/studies/plan.py (`PlanConfig`)", "\n".join([
             "What `capacity plan` searches and for which load (other commands ignore it):",

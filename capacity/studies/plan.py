@@ -208,6 +208,9 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
     budget = float(sc.engine.max_num_batched_tokens)
     kv_tokens = dep.memory["kv_cache_tokens"]
     ctx = mean_prompt + mean_output / 2.0
+    # a class's own SLO needs that class's sizes: the bracket uses the SLOs on every request, the
+    # simulations judge the rest
+    slos = [s for s in slos if getattr(s, "class_name", None) is None]
     tpot_limit = min((s.threshold for s in slos if s.metric == "tpot" and s.op == "<"), default=math.inf) / 1e3
     ttft_limit = min((s.threshold for s in slos if s.metric == "ttft" and s.op == "<"), default=math.inf) / 1e3
     user_min = max((s.threshold for s in slos if s.metric == "tok_s_per_user" and s.op == ">"), default=0.0)
@@ -335,6 +338,11 @@ def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
     if not sc0.slo:
         raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
     slos = parse_slos(sc0.slo)
+    names = [c.name for c in sc0.traffic.classes] or None
+    bad = [x for x in slos if x.class_name is not None and names is not None and x.class_name not in names]
+    if bad:
+        raise CapacityError(f"{path}: SLO '{bad[0]}' names request class '{bad[0].class_name}'; the traffic's "
+                            f"classes are {', '.join(map(repr, names))}")
     stream = build_requests(sc0.traffic, np.random.default_rng(0))
     st = _Setup(base, cfg, slos, float(stream.prompt_tokens.mean()), float(stream.output_tokens.mean()),
                 float(np.percentile(stream.prompt_tokens, 99)), cfg.target_rate_rps * (1 + cfg.headroom))
@@ -568,7 +576,8 @@ def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
     for s in slos:
         row: dict[str, Any] = {"slo": str(s), "threshold": s.threshold}
         if s.metric in col:
-            v = steady[col[s.metric]].to_numpy(float)
+            part = steady if s.class_name is None else steady[steady["class_name"].astype(str) == s.class_name]
+            v = part[col[s.metric]].to_numpy(float)
             v = v[~np.isnan(v)]
             row["samples"] = int(v.size)
             if v.size and s.stat.startswith("p"):
@@ -1191,6 +1200,11 @@ def summary_text(p: PlanResult) -> str:
         cells = [f"{c['gpus']} GPUs, " + ("SLO met" if c["slo_met"] else "SLO missed" if c.get("stable", True)
                                           else "overloaded") for c in runs]
         lines.append(f"{'deployment':28} " + " ".join(f"{x:>22}" for x in cells))
+    per_class = (((p.evidence or {}).get("recommended") or {}).get("metrics") or {}).get("per_class")
+    if per_class:
+        lines.append("")
+        lines.append(f"Per request class on the recommendation at {r['confirmed_at_rps']:g} req/s:")
+        lines += summary.per_class_lines(per_class)
     lines.append("")
     lines.append(f"replicas = ceil({r['confirmed_at_rps']:g} req/s / req/s per replica); basis: how that rate was found")
     lines.append(f"{'rank':>4}  {'candidate':44} {'req/s/replica':>13} {'replicas':>8} {'GPUs':>5} {'$/hour':>9}  basis")
