@@ -540,12 +540,43 @@ def test_browser_sliders_switch_frames(tmp_path):
 
 
 @needs_chromium
+def test_browser_play_and_step_walk_through_the_rounds(tmp_path):
+    """The view animates (issue 18 item 9): step back shows one round fewer, step forward one more,
+    with the tokens written so far; at the end it shows every round again."""
+    page = explainer.write_explainer(tmp_path / "explainer.html")
+    frame = explainer.explainer_data()["frames"][explainer.ALPHAS.index(explainer.DEFAULT_ALPHA)][explainer.DEFAULT_N - 1]
+    rounds = len(frame["shown"])
+    clicks = ("<script>(function(){var b=document.getElementById('explainer-back'),"
+              "s=document.getElementById('explainer-step');"
+              "b.click();b.click();b.click();s.click();})();</script></body>")
+    page.write_text(page.read_text().replace("</body>", clicks))
+    res = chromium(["--dump-dom", page.as_uri()], tmp_path)
+    assert res.returncode == 0 and console_errors(res.stderr) == []
+    k = rounds - 2                                              # three back, one forward
+    written = sum(a + 1 for a in frame["shown"][:k])
+    dom = res.stdout
+    assert f"round <b>{k}</b> of {rounds}: <b>{written}</b> tokens written so far" in dom
+    assert f">round {k} (" in dom and f">round {k + 1} (" not in dom
+    assert 'id="explainer-play"' in dom
+
+
+def test_the_view_opens_at_the_runs_n_and_alpha():
+    """A run with N = 3 and 2.71 tokens per round opens the view at N = 3 and the α whose closed form
+    (1 − α^4)/(1 − α) is 2.71."""
+    alpha = explainer.alpha_for(2.71, 3)
+    assert (1 - alpha ** 4) / (1 - alpha) == pytest.approx(2.71, abs=1e-9)
+    html = explainer.explainer_section(alpha=alpha, n=3, basis="from this run")
+    assert 'id="explainer-n" min="1" max="8" step="1" value="3"' in html and "from this run" in html
+
+
+@needs_chromium
 def test_png_export(sim_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("BROWSER_PATH", raising=False)
     png = tmp_path / "png"
     assert run_cli(["report", str(sim_dir), "--out", str(tmp_path / "r.html"), "--png", str(png)]) == 0
     pngs = sorted(png.glob("*.png"))
-    assert [p.stem for p in pngs] == ["01_latency_cdf", "02_acceptance", "03_speculation_by_load", "04_draft_and_verify"]
+    assert [p.stem for p in pngs] == ["01_latency_cdf", "02_acceptance", "03_prefix_cache", "04_speculation_by_load",
+                                      "05_draft_and_verify"]
     for p in pngs:
         head = p.read_bytes()[:8]
         assert head == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000

@@ -34,7 +34,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from capacity.report import figures as F
-from capacity.report.explainer import explainer_figure, explainer_section
+from capacity.report.explainer import alpha_for, explainer_figure, explainer_section
 from capacity.report.page import figure_div, page
 from capacity.errors import CapacityError
 from capacity.fidelity.common import error_table
@@ -63,6 +63,8 @@ class Report:
     summary: list[str] = field(default_factory=list)
     figures: list[tuple[str, go.Figure]] = field(default_factory=list)    # (slug, figure)
     skipped: list[tuple[str, str]] = field(default_factory=list)          # (figure, why not drawn)
+    # where the draft-and-verify view opens: the run's (alpha, N, in words), None for its defaults
+    explainer_start: tuple[float, int, str] | None = None
     generated: str = field(default_factory=lambda: datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
 
     @property
@@ -235,6 +237,15 @@ def _requests_figures(rep: Report, runs: dict[str, pd.DataFrame], sc: dict[str, 
             pd.to_numeric(first.spec_steps, errors="coerce") > 0).any():
         rep.skipped.append(("Acceptance per position", "the run did not use speculative decoding"))
         return
+    steps = pd.to_numeric(first.spec_steps, errors="coerce").sum()
+    n = (sc.get("speculative") or {}).get("num_speculative_tokens")
+    if steps > 0 and isinstance(n, int) and n >= 1:
+        tau = 1.0 + float(pd.to_numeric(first.spec_accepted, errors="coerce").sum()) / float(steps)
+        alpha = alpha_for(tau, min(n, 8))
+        rep.explainer_start = (alpha, n, f"Opens at this run's N = {n} and the α ≈ {alpha:.2f} whose closed form "
+                                         f"gives its {tau:.2f} tokens per round (acceptance per position varies in "
+                                         f"the run; the view assumes one α for every position). Press play to "
+                                         f"step through the rounds.")
     surv, label = scenario_acceptance(sc)
     if surv is None:
         rep.summary.append(f"Acceptance model curve not drawn: {label}")
@@ -488,7 +499,9 @@ def report_html(rep: Report) -> str:
     sections = [summary]
     for slug, fig in rep.figures:
         sections.append(f"<section class=\"figure\" id=\"section-{esc(slug)}\">{figure_div(fig, f'fig-{slug}')}</section>")
-    sections.append(explainer_section(rep.source))
+    start = rep.explainer_start
+    sections.append(explainer_section(rep.source) if start is None else
+                    explainer_section(rep.source, alpha=start[0], n=start[1], basis=start[2]))
     return page(rep.title, sections, header)
 
 
@@ -542,7 +555,9 @@ def export_images(rep: Report, out_dir: Path) -> list[Path]:
         raise CapacityError("PNG export needs kaleido >= 1: pip install 'kaleido>=1'") from None
     browser = find_browser()
     out_dir.mkdir(parents=True, exist_ok=True)
-    figs = rep.figures + [("draft_and_verify", explainer_figure(source=rep.source))]
+    start = rep.explainer_start
+    figs = rep.figures + [("draft_and_verify", explainer_figure(source=rep.source) if start is None else
+                           explainer_figure(start[0], min(start[1], 8), source=rep.source))]
     specs, written, md = [], [], []
     for i, (slug, fig) in enumerate(figs, start=1):
         stem = f"{i:02d}_{_slugify(slug)}"

@@ -69,6 +69,21 @@ def rounds_to_write(accepted: np.ndarray, tokens: int = TARGET_TOKENS) -> int:
 
 
 @lru_cache(maxsize=4)
+def alpha_for(tokens_per_round: float, n: int) -> float:
+    """The per-draft acceptance α whose closed form (1 − α^(N+1))/(1 − α) gives `tokens_per_round`
+    (a run's tokens per verification round: 1 + its mean accepted drafts), by bisection; the
+    view's starting point for a run or plan with speculation."""
+    lo, hi = 0.0, 1.0
+    target = min(max(tokens_per_round, 1.0), n + 1.0)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if expected_tokens(mid, n) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
 def _data(seed: int = SEED) -> str:
     frames = []
     for alpha in ALPHAS:
@@ -162,14 +177,35 @@ _SCRIPT = r"""
     }
     return {z: z, text: text, hover: hover, ylab: ylab};
   }
+  var playBtn = document.getElementById(id + "-play"), backBtn = document.getElementById(id + "-back"),
+      stepBtn = document.getElementById(id + "-step"), timer = null, upto = null;  // rounds shown (null: all)
+  function frame() { return data.frames[+aIn.value][+nIn.value - 1]; }
+  function stop() { if (timer) { clearInterval(timer); timer = null; } playBtn.textContent = "\u25b6 play"; }
+  function step(d) {
+    var total = frame().shown.length, k = upto === null ? total : upto;
+    k = Math.max(1, Math.min(total, k + d));
+    upto = k >= total ? null : k;
+    draw();
+    return upto !== null;
+  }
+  playBtn.addEventListener("click", function () {
+    if (timer) { stop(); return; }
+    upto = upto === null ? 0 : upto;
+    playBtn.textContent = "\u275a\u275a pause";
+    timer = setInterval(function () { if (!step(1)) stop(); }, 600);
+  });
+  stepBtn.addEventListener("click", function () { stop(); if (upto !== null) step(1); });
+  backBtn.addEventListener("click", function () { stop(); step(-1); });
   function draw() {
     var ai = +aIn.value, n = +nIn.value, alpha = data.alphas[ai], f = data.frames[ai][n - 1];
-    var g = grid(f.shown, n), xlab = [], written = 0, rounds = f.shown.length;
+    var shown = upto === null ? f.shown : f.shown.slice(0, upto);
+    var g = grid(shown, n), xlab = [], written = 0, rounds = shown.length;
     for (var j = 1; j <= n; j++) xlab.push("d" + j);
     xlab.push("+1");
-    for (var r = 0; r < rounds; r++) written += f.shown[r] + 1;
+    for (var r = 0; r < rounds; r++) written += shown[r] + 1;
     aOut.textContent = alpha.toFixed(2); nOut.textContent = n;
-    stats.innerHTML = "rounds used: <b>" + rounds + "</b> to write " + data.target_tokens + " tokens (" +
+    stats.innerHTML = (upto === null ? "" : "round <b>" + rounds + "</b> of " + f.shown.length + ": <b>" + written +
+      "</b> tokens written so far &middot; ") + "rounds used: <b>" + f.shown.length + "</b> to write " + data.target_tokens + " tokens (" +
       data.target_tokens + " without speculation) &middot; mean tokens per round: these rounds <b>" +
       (written / rounds).toFixed(2) + "</b>, sampled over " + data.sample_rounds + " rounds <b>" +
       f.sampled_mean.toFixed(3) + "</b>, closed form (1 &minus; &alpha;<sup>N+1</sup>)/(1 &minus; &alpha;) = <b>" +
@@ -181,7 +217,7 @@ _SCRIPT = r"""
       traces.push({type: "scatter", x: [null], y: [null], mode: "markers", name: NAMES[c],
         marker: {symbol: "square", size: 12, color: COLOURS[c]}});
     });
-    var title = "Draft and verify, \u03b1 = " + alpha.toFixed(2) + ", N = " + n + ": " + rounds + " rounds write " +
+    var title = "Draft and verify, \u03b1 = " + alpha.toFixed(2) + ", N = " + n + ": " + f.shown.length + " rounds write " +
       data.target_tokens + " tokens (one token per pass would take " + data.target_tokens + ")";
     var sub = "mean tokens per round: sampled " + f.sampled_mean.toFixed(3) + " over " + data.sample_rounds +
       " rounds, closed form (1 \u2212 \u03b1^(N+1))/(1 \u2212 \u03b1) = " + f.expected.toFixed(3) +
@@ -193,8 +229,8 @@ _SCRIPT = r"""
       legend: {orientation: "h", y: -0.12}};
     Plotly.react(div, traces, layout, {responsive: true, displaylogo: false});
   }
-  aIn.addEventListener("input", draw);
-  nIn.addEventListener("input", draw);
+  aIn.addEventListener("input", function () { stop(); upto = null; draw(); });
+  nIn.addEventListener("input", function () { stop(); upto = null; draw(); });
   draw();
 })();
 """
@@ -204,13 +240,18 @@ def _js(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
 
 
-def explainer_section(source: str = "", div_id: str = "explainer") -> str:
-    """HTML fragment (controls, plot div, embedded samples, script) for a page that loads plotly.js."""
+def explainer_section(source: str = "", div_id: str = "explainer", alpha: float | None = None,
+                      n: int | None = None, basis: str = "") -> str:
+    """HTML fragment (controls, play / step buttons, plot div, embedded samples, script) for a page
+    that loads plotly.js; it opens at (alpha, n) — a report passes its run's N and the α matching
+    its tokens per round, saying so in `basis` — else at the defaults."""
     # plotly.io and plotly.utils add ~0.1 s to the import of plotly.graph_objects: only a written page needs them
     import plotly.io as pio
     from plotly.utils import PlotlyJSONEncoder
 
-    ai = ALPHAS.index(DEFAULT_ALPHA)
+    alpha = DEFAULT_ALPHA if alpha is None else alpha
+    n = DEFAULT_N if n is None else max(NS[0], min(NS[-1], int(n)))
+    ai = int(np.argmin(np.abs(np.array(ALPHAS) - alpha)))
     template = pio.templates["plotly_white"].to_plotly_json()
     script = _SCRIPT % {
         "id": _js(div_id), "source": _js(source), "colours": _js(COLOURS), "names": _js(NAMES),
@@ -228,11 +269,15 @@ always adds one token of its own (<span style="color:{COLOURS[4]}">blue</span>):
 was accepted, the correction otherwise. The rounds below are sampled with the simulator's acceptance model
 (<code>IIDAcceptance</code>: each draft accepted with probability &alpha;) and a fixed seed.</p>
 <div class="controls">
-<label>acceptance probability &alpha; = <output id="{esc(div_id)}-alpha-value">{DEFAULT_ALPHA:.2f}</output>
+<label>acceptance probability &alpha; = <output id="{esc(div_id)}-alpha-value">{ALPHAS[ai]:.2f}</output>
 <input type="range" id="{esc(div_id)}-alpha" min="0" max="{len(ALPHAS) - 1}" step="1" value="{ai}"></label>
-<label>drafted tokens per round N = <output id="{esc(div_id)}-n-value">{DEFAULT_N}</output>
-<input type="range" id="{esc(div_id)}-n" min="{NS[0]}" max="{NS[-1]}" step="1" value="{DEFAULT_N}"></label>
+<label>drafted tokens per round N = <output id="{esc(div_id)}-n-value">{n}</output>
+<input type="range" id="{esc(div_id)}-n" min="{NS[0]}" max="{NS[-1]}" step="1" value="{n}"></label>
+<button type="button" id="{esc(div_id)}-back">&#9664; back</button>
+<button type="button" id="{esc(div_id)}-play">&#9654; play</button>
+<button type="button" id="{esc(div_id)}-step">step &#9654;</button>
 </div>
+{f'<p class="basis">{esc(basis)}</p>' if basis else ''}
 <p class="stats" id="{esc(div_id)}-stats"></p>
 <div id="{esc(div_id)}" class="plotly-graph-div figure-div" style="height:{HEIGHT}px; width:100%;"></div>
 <script type="application/json" id="{esc(div_id)}-data">{payload}</script>
