@@ -355,6 +355,11 @@ def _headroom(rec: dict[str, Any]) -> float:
     return h if math.isfinite(h) and h > 0 else 0.0
 
 
+def _slo_unit(slo: Any) -> str:
+    """The unit the plan's achieved values are in: milliseconds for latencies, tokens/s for speed per user."""
+    return "tok/s" if str(slo).startswith("tok_s_per_user") else "ms"
+
+
 def _plan_verdict(s: dict) -> str:
     """'met, margin 12 % ± 4 %' (older plan.json files: 'met' / 'MISSED')."""
     word = "met" if s.get("met") else "MISSED"
@@ -387,7 +392,7 @@ def _load_plan(folder: Path) -> Report:
         if slo:
             at = f" at {_f(rec.get('confirmed_at_rps'), '{:g}')} req/s (target × (1 + headroom))" if rec.get("confirmed_at_rps") else ""
             rep.summary.append(f"SLOs{at}: " + "; ".join(
-                (f"{s.get('slo')} → {_f(s.get('achieved'))} {_plan_verdict(s)}" if isinstance(s, dict)
+                (f"{s.get('slo')} → {_f(s.get('achieved'))} {_slo_unit(s.get('slo'))} {_plan_verdict(s)}" if isinstance(s, dict)
                  else str(s)) for s in (slo if isinstance(slo, list) else [slo])))
         dep = rec.get("deployment")
         if isinstance(dep, dict) and dep.get("servers"):
