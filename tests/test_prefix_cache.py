@@ -24,38 +24,7 @@ from capacity.sim.engine import EngineLimits, Replica, RequestTable
 from capacity.sim.prefix_cache import PrefixCache, RequestBlocks
 from capacity.cost.step_cost import TokenTable
 
-from capacity.cost.step_cost import StepFeatures
-
-
-class ConstantCost:
-    """Every step takes `step_s`, whatever the batch (as tests/test_engine.py's)."""
-
-    def __init__(self, step_s: float):
-        self.step_s = step_s
-
-    def features(self, new_tokens, context_tokens, num_sampled=None, num_spec=None):
-        return StepFeatures(float(np.sum(new_tokens)), float(len(new_tokens)), float(len(new_tokens)), 0.0, 0.0)
-
-    def decode_features(self, ctx, tokens_per_seq=1):
-        k, b = ctx.shape
-        return StepFeatures(np.full(k, float(b)), np.full(k, float(b)), np.full(k, float(b)), np.zeros(k), np.zeros(k))
-
-    def time_parts(self, f):
-        return {"overhead": np.full(np.shape(f.num_tokens), self.step_s) if np.ndim(f.num_tokens) else self.step_s}
-
-
-class LinearCost(ConstantCost):
-    """step = a + b · tokens."""
-
-    def __init__(self, a: float, b: float):
-        self.a, self.b = a, b
-
-    def time_parts(self, f):
-        return {"overhead": self.a + self.b * f.num_tokens}
-
-
-def blocks_for(block_size: int):
-    return lambda tokens: np.ceil(np.asarray(tokens) / block_size).astype(np.int64)
+from engine_helpers import ConstantCost, LinearCost, blocks_for
 
 
 class ListKeys:
