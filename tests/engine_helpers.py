@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import simpy
 
 from capacity.cost.step_cost import StepFeatures
+from capacity.sim.engine import Replica, RequestTable
 
 
 class ConstantCost:
@@ -36,3 +38,23 @@ class LinearCost(ConstantCost):
 
 def blocks_for(block_size: int):
     return lambda tokens: np.ceil(np.asarray(tokens) / block_size).astype(np.int64)
+
+
+def run_replica(prompt, output, arrival, cost, limits, dispatch_closed=None, **replica_kw):
+    """One Replica fed the requests at their arrival times, run to the end: (table, replica, finished ids)."""
+    env = simpy.Environment()
+    table = RequestTable(np.asarray(prompt), np.asarray(output), np.asarray(arrival, dtype=float))
+    finished = []
+    replica = Replica(env, 0, table, cost, limits, blocks_for(limits.block_size),
+                      lambda ids: finished.extend(ids.tolist()), np.random.default_rng(0), **replica_kw)
+
+    def arrivals():
+        for rid in range(len(table)):
+            wait = table.arrival[rid] - env.now
+            if wait > 0:
+                yield env.timeout(wait)
+            replica.submit(rid)
+
+    env.process(arrivals())
+    env.run()
+    return table, replica, finished

@@ -8,29 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import simpy
 
-from capacity.sim.engine import EngineLimits, Replica, RequestTable
-from engine_helpers import ConstantCost, LinearCost, blocks_for   # tests/engine_helpers.py (tests/ is on sys.path)
-
-
-def run_replica(prompt, output, arrival, cost, limits, dispatch_closed=None):
-    env = simpy.Environment()
-    table = RequestTable(np.asarray(prompt), np.asarray(output), np.asarray(arrival, dtype=float))
-    finished = []
-    replica = Replica(env, 0, table, cost, limits, blocks_for(limits.block_size),
-                      lambda ids: finished.extend(ids.tolist()), np.random.default_rng(0))
-
-    def arrivals():
-        for rid in range(len(table)):
-            wait = table.arrival[rid] - env.now
-            if wait > 0:
-                yield env.timeout(wait)
-            replica.submit(rid)
-
-    env.process(arrivals())
-    env.run()
-    return table, replica, finished
+from capacity.sim.engine import EngineLimits
+from engine_helpers import ConstantCost, LinearCost, run_replica   # tests/engine_helpers.py (tests/ is on sys.path)
 
 
 def limits(**kw):

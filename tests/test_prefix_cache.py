@@ -18,13 +18,12 @@ cases, each citing where it comes from (vllm-project/vllm; kv_cache_manager.py @
 from __future__ import annotations
 
 import numpy as np
-import simpy
 
-from capacity.sim.engine import EngineLimits, Replica, RequestTable
+from capacity.sim.engine import EngineLimits
 from capacity.sim.prefix_cache import PrefixCache, RequestBlocks
 from capacity.cost.step_cost import TokenTable
 
-from engine_helpers import ConstantCost, LinearCost, blocks_for
+from engine_helpers import ConstantCost, LinearCost, blocks_for, run_replica
 
 
 class ListKeys:
@@ -49,23 +48,8 @@ def limits(**kw) -> EngineLimits:
 
 
 def run(prompt, output, arrival, keys, lim, cost=None, drop_last_hit=False):
-    env = simpy.Environment()
-    table = RequestTable(np.asarray(prompt), np.asarray(output), np.asarray(arrival, dtype=float))
-    finished: list[int] = []
-    replica = Replica(env, 0, table, cost or ConstantCost(0.01), lim, blocks_for(lim.block_size),
-                      lambda ids: finished.extend(ids.tolist()), np.random.default_rng(0),
-                      prefix_keys=None if keys is None else ListKeys(keys), drop_last_hit=drop_last_hit)
-
-    def arrivals():
-        for rid in range(len(table)):
-            wait = table.arrival[rid] - env.now
-            if wait > 0:
-                yield env.timeout(wait)
-            replica.submit(rid)
-
-    env.process(arrivals())
-    env.run()
-    return table, replica, finished
+    return run_replica(prompt, output, arrival, cost or ConstantCost(0.01), lim,
+                       prefix_keys=None if keys is None else ListKeys(keys), drop_last_hit=drop_last_hit)
 
 
 # ------------------------------------------------------------------ the block pool alone
