@@ -465,9 +465,6 @@ def _load_plan(folder: Path) -> Report:
                            f"without")
         _try(rep, "prefix_caching", "Prefix caching: GPUs with and without it",
              lambda: F.prefix_caching_plan_figure(pc, source=rep.source))
-    else:
-        rep.skipped.append(("Prefix caching: GPUs with and without it",
-                            "the traffic carries no block identities, or caching is off"))
     dl = (rec or {}).get("daily")
     if isinstance(dl, dict):
         rep.summary.append(f"Over the day: {dl.get('gpu_hours_per_day_following', 0):,.0f} GPU-hours if replicas follow "
