@@ -334,7 +334,10 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
     r0 = _residuals(x0, tuple(keys), start, pricers, metrics)
     for i, k in enumerate(keys):
         x = x0.copy()
-        x[i] = x0[i] * 1.1 if x0[i] > 0 else {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0}.get(k, 5.0)
+        # a fraction by 10 %; an overhead by at least a fixed step, so that one already fitted to about 0
+        # (3e-20 ms) is still tested (a 10 % change of nothing moves nothing)
+        step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0}.get(k, 5.0)
+        x[i] = x0[i] * 1.1 if k in FRACTION_EFFICIENCY_KEYS else x0[i] + max(0.1 * x0[i], step)
         if np.linalg.norm(_residuals(x, tuple(keys), start, pricers, metrics) - r0) < 1e-3:
             why[k] = "no fitted metric of these runs moves when it changes"
     return tuple(k for k in keys if k not in why), why
@@ -713,13 +716,17 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
 def _leave_one_model_out(result: CalibrationResult, train: list[Repricer], fitted: dict[str, float],
                          keys: tuple[str, ...], fit_kw: dict[str, Any], recorder: _Recorder) -> None:
     """Leave-one-model-out cross-validation (with more than one model): fit without a model, then
-    simulate it at the fold's fit (re-recorded, not re-priced far from it)."""
+    simulate it at the fold's fit (re-recorded, not re-priced far from it). A key the fold's rows
+    cannot identify (`identifiable_keys`: e.g. moe_int4 without the only int4 model) is held at the
+    full fit's value instead of drifting wherever the optimiser leaves it."""
     models = sorted({p.rec.row["model"] for p in train})
     if len(models) <= 1:
         return
     oof = []
     for m in models:
-        fold_fit = fit([p for p in train if p.rec.row["model"] != m], fitted, keys, **fit_kw)
+        rows = [p for p in train if p.rec.row["model"] != m]
+        fold_keys = tuple(k for k in identifiable_keys(rows, fitted)[0] if k in keys)
+        fold_fit = fit(rows, fitted, fold_keys, **fit_kw)
         result.lomo_fits[m] = fold_fit
         oof.append(predictions(recorder.again([p for p in train if p.rec.row["model"] == m], fold_fit), fold_fit))
     result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
