@@ -79,7 +79,7 @@ class Deployment(_Strict):
                                          "fewest unfinished requests (ties: the lowest index); session_affinity: a "
                                          "conversation's turns stay on the replica its first turn went to (least "
                                          "outstanding); prefix_aware: llm-d's endpoint picker, 3 x the share of the "
-                                         "prompt cached on a replica + 2 x its waiting-queue score")
+                                         "prompt cached on a replica (the share form assumed) + 2 x its waiting-queue score")
     gpu_overrides: dict[str, Any] = Field(default_factory=dict, description="e.g. {efficiency: {gemm: 0.6}, cost_per_gpu_hour_usd: 2.5}")
 
     _names = field_validator("gpu", "model")(_check_name)

@@ -271,7 +271,9 @@ class Cluster:
         prompt cached on the replica) + 2 x (max waiting - waiting) / (max waiting - min waiting)
         (1 when all queues are equal), the highest score wins, ties to the least outstanding.
         Weights: the Red Hat OpenShift AI default profile (prefix cache 3, queue depth 2), as quoted in
-        the llm-d / OpenShift AI scheduler docs; the queue score is the Gateway API Inference
+        the llm-d / OpenShift AI scheduler docs; the prefix score as the share of the prompt's blocks
+        cached there is assumed (llm-d's precise scorer counts matched blocks; the normalisation by the
+        prompt is ours); the queue score is the Gateway API Inference
         Extension's queue scorer (kubernetes-sigs/gateway-api-inference-extension,
         pkg/epp/scheduling/framework/plugins/scorer/queue.go @ffea263, lines 81-95)."""
         keys = self.prefix_keys.block_keys(rid, self.block_size)

@@ -366,11 +366,10 @@ def unbounded_cached_tokens(stream, block_size: int) -> np.ndarray:
     if stream.follows is not None:                  # turns in conversation order: by depth in the chain
         follows = np.asarray(stream.follows)
         depth = np.zeros(n, dtype=np.int64)
-        for i in range(n):                          # an earlier turn has a smaller depth
-            j, d = i, 0
-            while follows[j] >= 0:
-                j, d = int(follows[j]), d + 1
-            depth[i] = d
+        up = follows.copy()
+        while (up >= 0).any():                      # one step up every chain at once
+            depth += up >= 0
+            up = np.where(up >= 0, follows[np.maximum(up, 0)], -1)
         order = np.lexsort((np.arange(n), depth))
     seen: set[int] = set()
     cached = np.zeros(n, dtype=np.int64)
@@ -802,7 +801,9 @@ def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
     SLO (the smallest steady-state margin at the recommendation) and the acceptance basis in words."""
     sc = scenario_mod.from_dict({k: v for k, v in st.base.items() if k != "plan"}, "plan")
     dep = simulate.deploy(scenario_mod.from_dict(candidate_scenario(st.base, best, st.target, 1, 10), "plan"))
-    shape = (f"{sc.traffic.arrival.process} arrivals at {st.cfg.target_rate_rps:g} req/s (sized for "
+    process = sc.traffic.arrival.process
+    arrivals = "conversations (sessions) at" if process == "sessions" else f"{process} arrivals at"
+    shape = (f"{arrivals} {st.cfg.target_rate_rps:g} req/s (sized for "
              f"{st.target:g}), prompts {st.mean_prompt:,.0f} tokens and outputs {st.mean_output:,.0f} tokens on "
              f"average (p99 prompt {st.p99_prompt:,.0f})")
     judged = [s for s in rec.get("slo") or [] if s.get("margin") is not None]
