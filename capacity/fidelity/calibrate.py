@@ -367,10 +367,11 @@ def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, floa
 
 def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS,
         metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None,
-        prior: dict[str, float] | None = None, prior_weight: float = PRIOR_WEIGHT) -> dict[str, float]:
+        prior: dict[str, float] | None = None, prior_weight: float = PRIOR_WEIGHT,
+        neutral_start: bool = True) -> dict[str, float]:
     """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss), plus the weak
     prior toward the microbenchmark anchors `prior` (PRIOR_WEIGHT; none when `prior` is empty or the
-    weight is 0)."""
+    weight is 0). `neutral_start` also starts from NEUTRAL_START and keeps the better fit."""
     if not pricers:
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
     if not keys:
@@ -378,7 +379,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     lo = np.array([BOUNDS[k][0] for k in keys])
     hi = np.array([BOUNDS[k][1] for k in keys])
     best = None
-    for origin in (start, NEUTRAL_START):
+    for origin in (start, NEUTRAL_START) if neutral_start else (start,):
         x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
         sol = least_squares(_fit_residuals, x0, bounds=(lo, hi),
                             args=(keys, start, pricers, metrics, prior if prior_weight > 0 else None, prior_weight),

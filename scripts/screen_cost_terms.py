@@ -1,0 +1,155 @@
+"""Screen step-cost variants by cross-validation in minutes: record a GPU's rows once, then re-price.
+
+    python scripts/screen_cost_terms.py MI300X [--variant NAME=PROFILE.yaml ...] [--cache DIR] [--workers 2]
+
+`capacity calibrate` re-simulates every row at each fit (two rounds, then once per leave-one-model-out
+fold): exact, and 13-22 minutes per GPU on two cores. To compare several cost terms (the ablation of
+issue 16) this script simulates each row once, on the shipped profile, keeps its schedule
+(`calibrate.record_row`, cached under --cache) and then, for each variant profile, fits by
+re-pricing only: the full fit, leave-one-model-out and leave-one-TP-size-out, each fold refitted on
+the other rows with the keys its own rows identify (held at the full fit otherwise, as calibrate).
+Re-pricing is exact for a closed loop at the recorded request delay and close near it, so the figures
+rank variants; the one kept is then confirmed with `capacity calibrate --gpu VARIANT.yaml`.
+Variants are profiles (a YAML path, e.g. written by a script) whose extra keys turn a mechanism on.
+Prints median / p90 |error| of output tok/s per GPU, TPOT and TTFT, cross-validated first.
+Run by hand; not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import pickle
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from capacity.cost import step_cost
+from capacity.fidelity import calibrate as cal
+from capacity.fidelity.serving import default_files
+from capacity.inputs.hardware import load_gpu
+from capacity.measurements import readers
+
+METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
+
+
+def records(gpu: str, cache: Path, workers: int, max_rows: int | None) -> list[cal.RecordedRow]:
+    """The GPU's fit rows simulated once on its shipped profile (cached by the code's and data's state)."""
+    profile = load_gpu(gpu)
+    _, rows, _ = cal._read_rows(default_files(), profile, gpu, readers.Overrides(gpu=profile.name), max_rows)
+    key = hashlib.sha256(json.dumps([gpu, max_rows, len(rows), sorted(profile.efficiency.items())],
+                                    default=str).encode()).hexdigest()[:12]
+    path = cache / f"records_{profile.name}_{key}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    recs = [r for r in cal.record_rows(rows, workers=workers, gpu=gpu) if not isinstance(r, str)]
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(recs))
+    return recs
+
+
+def table(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    out = {}
+    for m in METRICS:
+        meas = pd.to_numeric(df[m], errors="coerce").to_numpy(float)
+        pred = pd.to_numeric(df[f"predicted_{m}"], errors="coerce").to_numpy(float)
+        ok = np.isfinite(meas) & np.isfinite(pred) & (meas > 0)
+        ape = np.abs(pred[ok] - meas[ok]) / meas[ok] * 100
+        out[m] = (float(np.median(ape)), float(np.percentile(ape, 90))) if ok.any() else (float("nan"),) * 2
+    return out
+
+
+def fold_out(pricers, fitted, keys, fit_kw, group) -> tuple[pd.DataFrame, dict]:
+    """Each group held out in turn: refit on the rest (keys its rows identify), predict the group."""
+    groups = sorted({group(p) for p in pricers}, key=str)
+    if len(groups) <= 1:
+        return pd.DataFrame(), {}
+    oof, fits = [], {}
+    for g in groups:
+        t0 = time.time()
+        rest = [p for p in pricers if group(p) != g]
+        fold_keys = tuple(k for k in cal.identifiable_keys(rest, fitted)[0] if k in keys)
+        # a fold starts from the full fit only (it is near its optimum; calibrate also tries a neutral start)
+        fits[g] = cal.fit(rest, fitted, fold_keys, neutral_start=False, **fit_kw)
+        oof.append(cal.predictions([p for p in pricers if group(p) == g], fits[g]))
+        print(f"    fold {g}: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    return pd.concat(oof, ignore_index=True), fits
+
+
+def screen(recs, profile_ref: str, prior_weight: float) -> dict:
+    """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
+    set for it (e.g. ALLREDUCE_ALGORITHM=ring), restored afterwards."""
+    profile_ref, *sets = profile_ref.split(";")
+    saved = {}
+    try:
+        for item in sets:
+            attr, value = item.split("=", 1)
+            saved[attr] = getattr(step_cost, attr)
+            setattr(step_cost, attr, type(saved[attr])(value))
+        return _screen(recs, profile_ref, prior_weight) | {"constants": sets}
+    finally:
+        for attr, value in saved.items():
+            setattr(step_cost, attr, value)
+
+
+def _screen(recs, profile_ref: str, prior_weight: float) -> dict:
+    profile = load_gpu(profile_ref)
+    pricers = [cal.Repricer(r, profile) for r in recs]
+    start = dict(profile.efficiency)
+    keys, _ = cal.identifiable_keys(pricers, start)
+    fit_kw = {"prior": cal.prior_efficiencies(profile), "prior_weight": prior_weight}
+    info: dict = {}
+    t0 = time.time()
+    fitted = cal.fit(pricers, start, keys, info=info, **fit_kw)
+    print(f"    full fit: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    lomo, lomo_fits = fold_out(pricers, fitted, keys, fit_kw, lambda p: p.rec.row["model"])
+    lotpo, _ = fold_out(pricers, fitted, keys, fit_kw, lambda p: int(p.cost.tp))
+    per_model = {}
+    if not lomo.empty:
+        for m, df in lomo.groupby("model"):
+            per_model[m] = table(df)
+    return {"variant": profile_ref, "rows": len(pricers), "keys": list(keys),
+            "fitted": {k: fitted[k] for k in keys}, "at_bound": info.get("at_bound", []),
+            "lomo": table(lomo) if not lomo.empty else None, "lotpo": table(lotpo) if not lotpo.empty else None,
+            "fit": table(cal.predictions(pricers, fitted)), "lomo_by_model": per_model,
+            "lomo_fits": {m: {k: f[k] for k in keys} for m, f in lomo_fits.items()}}
+
+
+def fmt(t) -> str:
+    return "-" if t is None else ", ".join(f"{t[m][0]:.1f} / {t[m][1]:.1f}" for m in METRICS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gpu")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="NAME=PROFILE[;CONSTANT=VALUE...]: a YAML path or GPU name, and step_cost constants")
+    ap.add_argument("--no-shipped", action="store_true", help="only the variants, not the shipped profile")
+    ap.add_argument("--cache", default=".screen_cache")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--max-rows", type=int)
+    ap.add_argument("--prior-weight", type=float, default=cal.PRIOR_WEIGHT)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    recs = records(args.gpu, Path(args.cache), args.workers, args.max_rows)
+    variants = ([] if args.no_shipped else [("shipped", args.gpu)]) + [tuple(v.split("=", 1)) for v in args.variant]
+    results = []
+    for name, ref in variants:
+        r = screen(recs, ref, args.prior_weight)
+        r["name"] = name
+        results.append(r)
+        print(f"{name:24} LOMO {fmt(r['lomo'])} | LOTPO {fmt(r['lotpo'])} | fitted {fmt(r['fit'])}", flush=True)
+        for m, t in r["lomo_by_model"].items():
+            print(f"    {m:40} {fmt(t)}", flush=True)
+        print("    fitted: " + ", ".join(f"{k} {v:.4g}" for k, v in r["fitted"].items())
+              + (f"  AT BOUND: {r['at_bound']}" if r["at_bound"] else ""), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
