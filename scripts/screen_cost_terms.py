@@ -82,7 +82,7 @@ def fold_out(pricers, fitted, keys, fit_kw, group) -> tuple[pd.DataFrame, dict]:
 
 def screen(recs, profile_ref: str, prior_weight: float) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
-    set for it (e.g. ALLREDUCE_ALGORITHM=ring), restored afterwards."""
+    set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards."""
     profile_ref, *sets = profile_ref.split(";")
     saved = {}
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from capacity.fidelity import calibrate
 
 
@@ -30,3 +32,35 @@ def test_an_overhead_fitted_to_about_zero_is_still_tested():
     assert "per_seq_overhead_us" in keys and "step_overhead_ms" in keys and "hbm" in keys
     assert "gemm" in why and "attention" in why            # nothing in these runs depends on them
     assert "moe" in why and "allreduce" in why and "layer_overhead_us" in why   # the structural rules
+
+
+class TpPricer(FakePricer):
+    """A run of model `model` at TP `tp` whose TPOT is 10 ms of weights / hbm."""
+
+    def __init__(self, tpot_ms: float, tp: int, model: str = "m"):
+        super().__init__(tpot_ms)
+        self.cost.tp = tp
+        self.rec.row = {"tpot_ms": tpot_ms, "model": model}
+
+    def predict(self, eff):
+        return {"predicted_tpot_ms": 10.0 / eff["hbm"]}
+
+
+def test_leave_one_tp_size_out_predicts_each_size_from_the_others_only():
+    """TP1 rows measured as if hbm were 0.5 (TPOT 20 ms), TP2 rows as if 0.8 (12.5 ms). Holding out TP1
+    fits hbm = 0.8 on TP2 alone and predicts TP1 at 12.5 ms (|error| 37.5 %); holding out TP2 fits 0.5
+    and predicts 20 ms (60 %). The pooled median of the four rows is their middle: 48.75 %."""
+    rows = [TpPricer(20.0, 1), TpPricer(20.0, 1), TpPricer(12.5, 2), TpPricer(12.5, 2)]
+    start = {k: 0.5 for k in calibrate.FITTED_KEYS} | {"hbm": 0.6}
+    table, fits = calibrate.leave_one_group_out(rows, start, ("hbm",), {"metrics": ("tpot_ms",)},
+                                                lambda ps, eff: ps, lambda p: p.cost.tp)
+    assert fits[1]["hbm"] == pytest.approx(0.8, rel=1e-6) and fits[2]["hbm"] == pytest.approx(0.5, rel=1e-6)
+    pooled = [g for g in table if g["model"] == "all" and g["metric"] == "tpot_ms"][0]
+    assert pooled["n"] == 4
+    assert pooled["median_ape"] == pytest.approx((0.375 + 0.6) / 2, rel=1e-6)
+
+
+def test_one_group_gives_no_cross_validation():
+    rows = [TpPricer(20.0, 1), TpPricer(21.0, 1)]
+    start = {k: 0.5 for k in calibrate.FITTED_KEYS}
+    assert calibrate.leave_one_group_out(rows, start, ("hbm",), {}, lambda ps, eff: ps, lambda p: p.cost.tp) == ([], {})

@@ -138,6 +138,35 @@ def expected_max_std_normal(m: int) -> float:
     return float(value)
 
 
+# vLLM's custom all-reduce (one- and two-shot, for messages up to its buffer) and its dispatch rule; larger
+# messages go to RCCL/NCCL, whose ring moves what a two-shot does. basis: vllm csrc/custom_all_reduce.cuh,
+# CustomAllreduce::allreduce (REDUCE_CASE: world size 2 -> 1stage; fully connected, world <= 4 and < 512 KiB
+# or world <= 8 and < 256 KiB -> 1stage; else 2stage; AITER's ROCm copy has the same thresholds) and
+# vllm/distributed/device_communicators/custom_all_reduce.py (max_size = 8192 * 1024 bytes by default).
+CUSTOM_ALLREDUCE_MAX_BYTES = 8192 * 1024
+ONE_SHOT_BELOW_BYTES = {4: 512 * 1024, 8: 256 * 1024}   # world sizes 3-4 and 5-8; world size 2 is always one-shot
+
+
+def allreduce_traffic(message_bytes, tp: int, algorithm: str = "vllm"):
+    """Bytes one GPU moves to its peers for one all-reduce of `message_bytes` over `tp` GPUs (scalar or
+    array): a one-shot reads the whole message from each of the tp - 1 peers, a two-shot (reduce-scatter
+    then all-gather) and a ring move 2 (tp - 1) / tp of it. Divided by the bandwidth a GPU reaches its
+    peers with (`GpuProfile.allreduce_bandwidth_gb_s`): on a full mesh one-shot costs message / link
+    bandwidth and two-shot 2 message / (tp x link bandwidth). `algorithm="ring"`: every message as a ring.
+    Opt-in: StepCostModel uses vLLM's rule only for a profile that states its mesh (`scaleup_links_per_gpu`,
+    none shipped: docs/seed_validation.md section 18), and a ring at the whole scale-up bandwidth otherwise."""
+    two_shot = 2.0 * (tp - 1) / tp * message_bytes
+    if algorithm == "ring" or tp <= 1:
+        return two_shot
+    one_shot = (tp - 1) * message_bytes
+    if tp == 2:                     # one-shot and a ring both move the whole message once
+        return one_shot
+    below = ONE_SHOT_BELOW_BYTES[4 if tp <= 4 else 8] if tp <= 8 else 0
+    if type(message_bytes) is float:
+        return one_shot if message_bytes < below else two_shot
+    return np.where(np.asarray(message_bytes) < below, one_shot, two_shot)
+
+
 def gemm_calls(model: "ModelArch") -> tuple[int, int]:
     """(dense GEMM kernels, routed-expert GEMM kernels) one forward pass runs per GPU. basis: vLLM's
     model code fuses the projections: per layer one QKVParallelLinear (q, k, v) and one o_proj
@@ -409,6 +438,8 @@ class StepCostModel:
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         self._kv_split = 1 if model.uses_mla else self.tp
+        self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
+        self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
         dense_calls, expert_calls = gemm_calls(model)
         w_dense = gpu.gemm_w_half_flops(model.dense_weight_dtype)
@@ -532,9 +563,8 @@ class StepCostModel:
                 tp * bw * self.state_snapshot_write_efficiency)
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
-            ring = 2.0 * (tp - 1) / tp
             one = (self.gpu.scaleup_latency_us * 1e-6
-                   + ring * message / (self.gpu.scaleup_bandwidth_gb_s * 1e9 * eff["allreduce"]))
+                   + allreduce_traffic(message, tp, self._allreduce_algorithm) / (self._allreduce_bw * eff["allreduce"]))
             parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
         if with_overhead:
             parts["overhead"] = (eff["step_overhead_ms"] * 1e-3

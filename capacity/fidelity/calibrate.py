@@ -421,6 +421,8 @@ class CalibrationResult:
     holdout_errors: list[dict[str, Any]] = field(default_factory=list)
     lomo_errors: list[dict[str, Any]] = field(default_factory=list)
     lomo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
+    lotpo_errors: list[dict[str, Any]] = field(default_factory=list)   # leave-one-TP-size-out
+    lotpo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
     out: str | None = None
     fitted_keys: tuple[str, ...] = FITTED_KEYS
     not_fitted: dict[str, str] = field(default_factory=dict)
@@ -441,9 +443,12 @@ class CalibrationResult:
             lines.append(f"{k:20} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
         for w in self.warnings:
             lines.append(f"warning: {w}")
-        for title, table in (("Error on the rows fitted on (simulated at the fitted values)", self.train_errors),
+        # out of sample first: what a user asking about a model or TP size outside the fit gets
+        for title, table in (("Leave-one-model-out cross-validation (fit without a model, predict it)", self.lomo_errors),
+                             ("Leave-one-TP-size-out cross-validation (fit without a TP size, predict it)",
+                              self.lotpo_errors),
                              ("Error on held-out rows (not used in the fit)", self.holdout_errors),
-                             ("Leave-one-model-out cross-validation (fit without a model, predict it)", self.lomo_errors)):
+                             ("Error on the rows fitted on (simulated at the fitted values)", self.train_errors)):
             if not table:
                 continue
             lines.append("")
@@ -716,21 +721,33 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
 
 def _leave_one_model_out(result: CalibrationResult, train: list[Repricer], fitted: dict[str, float],
                          keys: tuple[str, ...], fit_kw: dict[str, Any], recorder: _Recorder) -> None:
-    """Leave-one-model-out cross-validation (with more than one model): fit without a model, then
-    simulate it at the fold's fit (re-recorded, not re-priced far from it). A key the fold's rows
-    cannot identify (`identifiable_keys`: e.g. moe_int4 without the only int4 model) is held at the
-    full fit's value instead of drifting wherever the optimiser leaves it."""
-    models = sorted({p.rec.row["model"] for p in train})
-    if len(models) <= 1:
-        return
-    oof = []
-    for m in models:
-        rows = [p for p in train if p.rec.row["model"] != m]
+    """Leave-one-model-out and leave-one-TP-size-out cross-validation (`leave_one_group_out`), where
+    the rows have more than one model or TP size."""
+    result.lomo_errors, result.lomo_fits = leave_one_group_out(train, fitted, keys, fit_kw, recorder.again,
+                                                               lambda p: str(p.rec.row["model"]))
+    result.lotpo_errors, fits = leave_one_group_out(train, fitted, keys, fit_kw, recorder.again,
+                                                    lambda p: int(p.cost.tp))
+    result.lotpo_fits = {f"TP{tp}": f for tp, f in fits.items()}
+
+
+def leave_one_group_out(train: list[Repricer], fitted: dict[str, float], keys: tuple[str, ...],
+                        fit_kw: dict[str, Any], again: Callable[[list[Repricer], dict[str, float]], list[Repricer]],
+                        group: Callable[[Repricer], Any]) -> tuple[list[dict[str, Any]], dict[Any, dict[str, float]]]:
+    """(error table, fit per fold) of holding out each `group` of rows in turn: fit on the others, then
+    simulate the held-out rows at the fold's fit (`again` re-records them there, not re-priced far from
+    it). A key the fold's rows cannot identify (`identifiable_keys`: e.g. moe_int4 without the only int4
+    model, allreduce without a TP > 1 row) is held at the full fit's value instead of drifting wherever
+    the optimiser leaves it. Nothing (empty table) with one group."""
+    groups = sorted({group(p) for p in train})
+    if len(groups) <= 1:
+        return [], {}
+    oof, fits = [], {}
+    for g in groups:
+        rows = [p for p in train if group(p) != g]
         fold_keys = tuple(k for k in identifiable_keys(rows, fitted)[0] if k in keys)
-        fold_fit = fit(rows, fitted, fold_keys, **fit_kw)
-        result.lomo_fits[m] = fold_fit
-        oof.append(predictions(recorder.again([p for p in train if p.rec.row["model"] == m], fold_fit), fold_fit))
-    result.lomo_errors = _tables(pd.concat(oof, ignore_index=True))
+        fits[g] = fit(rows, fitted, fold_keys, **fit_kw)
+        oof.append(predictions(again([p for p in train if group(p) == g], fits[g]), fits[g]))
+    return _tables(pd.concat(oof, ignore_index=True)), fits
 
 
 def _write_acceptance(result: CalibrationResult, records: list, out: str | None) -> None:

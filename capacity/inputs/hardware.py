@@ -64,6 +64,16 @@ SCALAR_KEYS = (
     "cost_per_gpu_hour_usd",
 )
 
+OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu",)
+"""Scalar keys a profile may leave out. `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
+direct link per peer, e.g. AMD Infinity Fabric on an 8-GPU platform: 7), so a tensor-parallel group of t GPUs
+uses only t - 1 of them; absent: a switched fabric (NVLink through NVSwitch) where every GPU reaches its peers
+through its whole scale-up bandwidth at any group size."""
+
+_SCALAR_ORDER = (*SCALAR_KEYS[:SCALAR_KEYS.index("scaleup_world_size") + 1], *OPTIONAL_SCALAR_KEYS,
+                 *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
+"""Every scalar key in the order of the YAML files (the optional ones beside the scale-up keys)."""
+
 OVERRIDE_BASIS = "override"
 OVERRIDE_SOURCE = "user override (GpuProfile.with_overrides)"
 FITTED_BASIS = "fitted"
@@ -81,6 +91,7 @@ _EXPECTED_UNIT = {
     "scaleup_bandwidth_gb_s": "GB/s",
     "scaleup_latency_us": "us",
     "scaleup_world_size": "GPUs",
+    "scaleup_links_per_gpu": "links",
     "board_power_w": "W",
     "cost_per_gpu_hour_usd": "USD/GPU-hour",
     "measured.gemm_bf16_tflops": "TFLOPS",
@@ -166,6 +177,8 @@ class GpuProfile:
     provenance: dict[str, Sourced]
     path: str
     gemm_curve: dict[str, float] = field(default_factory=dict)
+    scaleup_links_per_gpu: int = 0
+    """Direct scale-up links per GPU of a full mesh (OPTIONAL_SCALAR_KEYS); 0: a switched fabric."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
     W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
     reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
@@ -182,6 +195,15 @@ class GpuProfile:
         """W_half (FLOPs) of the gemm curve for GEMMs on `dtype` weights; None: no curve for its compute dtype."""
         w = self.gemm_curve.get(self.compute_dtype(dtype))
         return None if w is None else w * 1e9
+
+    def allreduce_bandwidth_gb_s(self, tensor_parallel_size: int) -> float:
+        """Scale-up bandwidth (GB/s, one direction) one GPU of a t-GPU tensor-parallel group can use to reach
+        the others: on a full mesh the t - 1 links to its peers (scaleup_bandwidth_gb_s is all links
+        together), on a switched fabric all of it at any t."""
+        links = self.scaleup_links_per_gpu
+        if links <= 0:
+            return self.scaleup_bandwidth_gb_s
+        return self.scaleup_bandwidth_gb_s * min(max(int(tensor_parallel_size) - 1, 1), links) / links
 
     def compute_dtype(self, weight_dtype: str) -> str:
         """The tensor-core dtype (a key of `peak_dense_tflops`) that a GEMM on weights of `weight_dtype` runs in.
@@ -231,13 +253,13 @@ class GpuProfile:
         Unknown keys or out-of-range values raise CapacityError.
         """
         provenance = dict(self.provenance)
-        allowed = SCALAR_KEYS + ("peak_dense_tflops", "measured", "efficiency", "gemm_curve")
+        allowed = SCALAR_KEYS + OPTIONAL_SCALAR_KEYS + ("peak_dense_tflops", "measured", "efficiency", "gemm_curve")
         for key, new in changes.items():
             if key not in allowed:
                 raise CapacityError(
                     f"cannot override '{key}' of GPU {self.name}; overridable keys: {', '.join(allowed)}"
                 )
-            if key in SCALAR_KEYS:
+            if key in SCALAR_KEYS + OPTIONAL_SCALAR_KEYS:
                 provenance[key] = _override_record(self.provenance.get(key), key, new, self.name)
                 continue
             if not isinstance(new, Mapping):
@@ -269,6 +291,7 @@ class GpuProfile:
             "scaleup_bandwidth_gb_s": self.scaleup_bandwidth_gb_s,
             "scaleup_latency_us": self.scaleup_latency_us,
             "scaleup_world_size": self.scaleup_world_size,
+            "scaleup_links_per_gpu": self.scaleup_links_per_gpu,
             "board_power_w": self.board_power_w,
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
             "measured": dict(self.measured),
@@ -422,6 +445,7 @@ class _ProfileModel(BaseModel):
     scaleup_bandwidth_gb_s: _LeafModel
     scaleup_latency_us: _LeafModel
     scaleup_world_size: _LeafModel
+    scaleup_links_per_gpu: _LeafModel | None = None
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
     measured: dict[str, _LeafModel] = Field(default_factory=dict)
@@ -487,6 +511,9 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
         add(f"peak_dense_tflops.{dtype}", leaf)
     for key in SCALAR_KEYS:
         add(key, getattr(model, key))
+    for key in OPTIONAL_SCALAR_KEYS:
+        if getattr(model, key) is not None:
+            add(key, getattr(model, key))
     for key, leaf in model.measured.items():
         add(f"measured.{key}", leaf)
     for key, leaf in (model.gemm_curve or {}).items():
@@ -618,7 +645,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                      "cost_per_gpu_hour_usd"):
             if value < 0:
                 fail(key, f"must be >= 0, got {value:g}")
-        elif key == "scaleup_world_size":
+        elif key in ("scaleup_world_size", "scaleup_links_per_gpu"):
             if value < 1 or not float(value).is_integer():
                 fail(key, f"must be a whole number of GPUs >= 1, got {value:g}")
         elif value <= 0:
@@ -653,6 +680,7 @@ def _profile_from_provenance(
         provenance={key: provenance[key] for key in ordered},
         path=path,
         gemm_curve=values("gemm_curve", tuple(GEMM_CURVE_MEASURED)),
+        scaleup_links_per_gpu=int(provenance["scaleup_links_per_gpu"].value) if "scaleup_links_per_gpu" in provenance else 0,
     )
 
 
@@ -660,7 +688,7 @@ def _ordered_keys(provenance: Mapping[str, Sourced]) -> list[str]:
     """Dotted keys in schema order (the order of the YAML files)."""
     order = (
         [f"peak_dense_tflops.{d}" for d in PEAK_DTYPES]
-        + list(SCALAR_KEYS)
+        + list(_SCALAR_ORDER)
         + [f"measured.{m}" for m in MEASURED_KEYS]
         + [f"efficiency.{e}" for e in EFFICIENCY_KEYS]
         + [f"gemm_curve.{d}" for d in GEMM_CURVE_MEASURED]
@@ -688,8 +716,9 @@ def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mappin
     keys = _ordered_keys(provenance)
     document: dict[str, Any] = {"name": name, "vendor": vendor, "architecture": architecture}
     document["peak_dense_tflops"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("peak_dense_tflops.")}
-    for key in SCALAR_KEYS:
-        document[key] = leaf(key)
+    for key in _SCALAR_ORDER:
+        if key in provenance:
+            document[key] = leaf(key)
     document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
     document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")}
     curve = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("gemm_curve.")}
