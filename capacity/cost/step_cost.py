@@ -167,6 +167,29 @@ def allreduce_traffic(message_bytes, tp: int, algorithm: str = "vllm"):
     return np.where(np.asarray(message_bytes) < below, one_shot, two_shot)
 
 
+# Kernels one decoder layer launches outside the collectives, counted from vLLM's model code (graph-replayed
+# decode; basis: assumed counts, not traced): a dense layer runs fused add + RMSNorm, QKV projection, rotary
+# embedding with the KV-cache write, attention, o_proj, fused add + RMSNorm, gate_up, SiLU-and-mul, down: 9
+# (a profile's `kernels_per_dense_layer`). A MoE layer replaces the MLP's three with the router GEMM, top-k
+# softmax, expert alignment (moe_align / sorting), the two grouped expert GEMMs, SiLU-and-mul and the
+# weighted sum: 7, so 13, plus the shared expert's three.
+MOE_LAYER_KERNELS = 13
+SHARED_EXPERT_KERNELS = 3
+
+
+def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0) -> float:
+    """What `layer_overhead_us` multiplies. Without a kernel count (0): the number of layers. With one (a
+    profile's opt-in `kernels_per_dense_layer`): the kernels of all layers in units of a dense layer's, so
+    `layer_overhead_us` is the fixed GPU time of a dense layer's kernels and a MoE layer, which launches more
+    (MOE_LAYER_KERNELS), costs proportionally more (docs/seed_validation.md §18)."""
+    if kernels_per_dense_layer <= 0:
+        return float(model.num_layers)
+    moe = model.num_moe_layers
+    kernels = ((model.num_layers - moe) * kernels_per_dense_layer
+               + moe * (MOE_LAYER_KERNELS + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0)))
+    return kernels / kernels_per_dense_layer
+
+
 def gemm_calls(model: "ModelArch") -> tuple[int, int]:
     """(dense GEMM kernels, routed-expert GEMM kernels) one forward pass runs per GPU. basis: vLLM's
     model code fuses the projections: per layer one QKVParallelLinear (q, k, v) and one o_proj
@@ -439,6 +462,7 @@ class StepCostModel:
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         self._kv_split = 1 if model.uses_mla else self.tp
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
+        self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer)
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
         dense_calls, expert_calls = gemm_calls(model)
@@ -568,7 +592,7 @@ class StepCostModel:
             parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
         if with_overhead:
             parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
-                                 + eff["layer_overhead_us"] * 1e-6 * m.num_layers
+                                 + eff["layer_overhead_us"] * 1e-6 * self._layer_units
                                  + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
                                  + eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6
                                  * _float_or_array(f.verify_seqs)

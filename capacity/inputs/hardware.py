@@ -64,11 +64,13 @@ SCALAR_KEYS = (
     "cost_per_gpu_hour_usd",
 )
 
-OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu",)
+OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer")
 """Scalar keys a profile may leave out. `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
 direct link per peer, e.g. AMD Infinity Fabric on an 8-GPU platform: 7), so a tensor-parallel group of t GPUs
 uses only t - 1 of them; absent: a switched fabric (NVLink through NVSwitch) where every GPU reaches its peers
-through its whole scale-up bandwidth at any group size."""
+through its whole scale-up bandwidth at any group size. `kernels_per_dense_layer`: opt-in, the kernels a dense
+decoder layer launches (9, counted from vLLM's model code); with it `efficiency.layer_overhead_us` is the fixed
+time of a dense layer's kernels and a MoE layer counts by its own kernels (step_cost.layer_overhead_units)."""
 
 _SCALAR_ORDER = (*SCALAR_KEYS[:SCALAR_KEYS.index("scaleup_world_size") + 1], *OPTIONAL_SCALAR_KEYS,
                  *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
@@ -92,6 +94,7 @@ _EXPECTED_UNIT = {
     "scaleup_latency_us": "us",
     "scaleup_world_size": "GPUs",
     "scaleup_links_per_gpu": "links",
+    "kernels_per_dense_layer": "kernels",
     "board_power_w": "W",
     "cost_per_gpu_hour_usd": "USD/GPU-hour",
     "measured.gemm_bf16_tflops": "TFLOPS",
@@ -179,6 +182,8 @@ class GpuProfile:
     gemm_curve: dict[str, float] = field(default_factory=dict)
     scaleup_links_per_gpu: int = 0
     """Direct scale-up links per GPU of a full mesh (OPTIONAL_SCALAR_KEYS); 0: a switched fabric."""
+    kernels_per_dense_layer: int = 0
+    """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
     W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
     reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
@@ -292,6 +297,7 @@ class GpuProfile:
             "scaleup_latency_us": self.scaleup_latency_us,
             "scaleup_world_size": self.scaleup_world_size,
             "scaleup_links_per_gpu": self.scaleup_links_per_gpu,
+            "kernels_per_dense_layer": self.kernels_per_dense_layer,
             "board_power_w": self.board_power_w,
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
             "measured": dict(self.measured),
@@ -446,6 +452,7 @@ class _ProfileModel(BaseModel):
     scaleup_latency_us: _LeafModel
     scaleup_world_size: _LeafModel
     scaleup_links_per_gpu: _LeafModel | None = None
+    kernels_per_dense_layer: _LeafModel | None = None
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
     measured: dict[str, _LeafModel] = Field(default_factory=dict)
@@ -645,7 +652,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                      "cost_per_gpu_hour_usd"):
             if value < 0:
                 fail(key, f"must be >= 0, got {value:g}")
-        elif key in ("scaleup_world_size", "scaleup_links_per_gpu"):
+        elif key in ("scaleup_world_size", "scaleup_links_per_gpu", "kernels_per_dense_layer"):
             if value < 1 or not float(value).is_integer():
                 fail(key, f"must be a whole number of GPUs >= 1, got {value:g}")
         elif value <= 0:
@@ -681,6 +688,8 @@ def _profile_from_provenance(
         path=path,
         gemm_curve=values("gemm_curve", tuple(GEMM_CURVE_MEASURED)),
         scaleup_links_per_gpu=int(provenance["scaleup_links_per_gpu"].value) if "scaleup_links_per_gpu" in provenance else 0,
+        kernels_per_dense_layer=(int(provenance["kernels_per_dense_layer"].value)
+                                 if "kernels_per_dense_layer" in provenance else 0),
     )
 
 
