@@ -46,3 +46,19 @@ def test_the_opt_in_profile_prices_a_moe_layer_by_its_kernels(tmp_path):
     f = plain.features([1], [100])
     extra = counted.time_parts(f)["overhead"] - plain.time_parts(f)["overhead"]
     assert extra == pytest.approx(g.efficiency["layer_overhead_us"] * 1e-6 * (36 * 13 / 9 - 36))
+
+
+def test_a_family_transfer_carries_the_kernel_count(tmp_path):
+    """MI325X takes MI300X's fitted efficiencies; a layer overhead fitted per dense layer's kernels keeps
+    that meaning only with the count, so the count travels with it."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1] / "hw_profiles"
+    sibling = tmp_path / "MI300X.yaml"
+    sibling.write_text((root / "MI300X.yaml").read_text().replace("\nboard_power_w:", "\n" + LEAF + "board_power_w:", 1))
+    text = (root / "MI325X.yaml").read_text()
+    import re
+    text = re.sub(r"(family_transfer:\n  from: ).*", r"\g<1>" + str(sibling), text)
+    child = tmp_path / "MI325X.yaml"
+    child.write_text(text)
+    assert load_gpu(child).kernels_per_dense_layer == 9
+    assert load_gpu("MI325X").kernels_per_dense_layer == load_gpu("MI300X").kernels_per_dense_layer

@@ -572,6 +572,12 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
         if k not in own:
             out[k] = Sourced(value=r.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({r.basis})",
                              source=f"{sibling.name} profile: {r.source}", unit=r.unit, note=r.note)
+    # so does the kernel count its per-layer overhead was fitted with (the overhead's meaning depends on it)
+    kernels = sibling.provenance.get("kernels_per_dense_layer")
+    if kernels is not None and "kernels_per_dense_layer" not in own:
+        out["kernels_per_dense_layer"] = Sourced(value=kernels.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({kernels.basis})",
+                                                 source=f"{sibling.name} profile: {kernels.source}", unit=kernels.unit,
+                                                 note=kernels.note)
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
