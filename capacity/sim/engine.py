@@ -391,7 +391,10 @@ class Replica:
             if len(ids) == 0:
                 raise RuntimeError("scheduler made no progress")  # guarded by the KV-fit check
             if decode_k is not None and self.fast_forward and self.spec.supports_runs and not self.waiting:
-                yield from self._decode_run(decode_k)
+                if self.runs_past_finish:
+                    yield from self._decode_run(decode_k)
+                else:
+                    yield from self._decode_run_to_first_finish(decode_k)
                 continue
             # a step's few requests as Python lists of whole numbers (priced in plain Python)
             new_tokens, num_spec = _per_request(new_tokens, len(ids)), _per_request(num_spec, len(ids))
@@ -408,8 +411,215 @@ class Replica:
                                    sum(new_tokens), cost, features)
 
     # ------------------------------------------------------------------ decode runs
+    # A decode run continues past the completions inside it (the finished requests leave the batch at
+    # the end of their last step, the others go on); False: it ends at the first completion, as
+    # before (the same distributions, another draw order: tests/test_decode_run_distribution.py).
+    runs_past_finish = True
+    # (step, request) cells a run draws at most beyond the steps to its first completion (and at
+    # most max_run_steps of those): bounds the draws an arrival makes useless when it cuts the run.
+    # Each segment of a run (the same batch) holds at most max_run_steps steps.
+    run_cells = 512
+
     def _decode_run(self, k: int):
-        """A run of identical-shape decode steps, priced and applied at once.
+        """A run of decode steps of the running requests (1 + k tokens each) that goes on past
+        their completions.
+
+        When every running request is decoding and nobody waits, the next steps are determined
+        until the KV pool runs out or a request arrives: each step every request of the batch emits
+        1 + accepted drafts (drawn ahead with the acceptance model, one (steps × requests) draw for
+        the run) and its context grows by them; a request whose output is complete leaves the batch
+        at the end of that step (vLLM's update_from_output: its blocks are freed, `on_finish` is
+        called at that time) and the others go on with the smaller batch, without a new schedule
+        or a new draw. The steps from one completion to the next (a segment: the same batch) are
+        priced with one vectorised call when the segment starts, waited for with one event and
+        applied at its end, as a run that ended at a completion was before. The run ends before a step that would need more KV blocks than are free (counting
+        no block freed inside the run: vLLM would not preempt), when `on_finish` brought a request
+        to this replica, when the speculation policy would pick another k for the smaller batch,
+        at the last step sampled, or at an arrival: an arrival interrupts the run (or, when it is
+        known ahead to come here, cuts it when it is set up: `next_arrival`); the step in progress
+        completes, as in vLLM, and the scheduler resumes after it. The first step's KV blocks were
+        allocated by _schedule(). The batch is every running request (self.running, their counts
+        self._rows)."""
+        t, env = self.table, self.env
+        ids, counts = self.running, self._rows
+        B = len(ids)
+        c0k = np.array([r[COMPUTED] + k for r in counts], dtype=np.int64)   # context before the run, + k
+        remaining = [r[TARGET] - r[OUT] for r in counts]
+        low, high = min(remaining), max(remaining)
+        if k:           # at least 1 token a step, usually >= 2: the first finish comes by step low // 2 + 1
+            K = min(high, max(min(low // 2 + 1, self.max_run_steps), self.run_cells // B))
+            rem = np.array(remaining, dtype=np.int64)
+            accepted = self.spec.sample_steps(ids, k, K, self.rng)
+            emitted = (accepted + 1).cumsum(axis=0)                  # tokens out by the end of step j (uncapped)
+            finish = _add_reduce(emitted < rem, 0).tolist()          # the step each request finishes in (K: later)
+            last = max(finish)
+            if last < K - 1:                                         # everybody finishes by step `last`
+                K = last + 1
+                accepted, emitted = accepted[:K], emitted[:K]
+            ctx = emitted - accepted                                 # context at the end of step j: c0 + k + this
+            ctx += c0k
+        else:                                                        # one token per step: request i finishes at rem_i - 1
+            # (nothing drawn: a run as long as its longest request unless that makes a large matrix)
+            K = high if high * B <= 128 * self.run_cells else min(high, max(min(low, self.max_run_steps),
+                                                                             128 * self.run_cells // B))
+            finish = [x - 1 for x in remaining]
+            emitted = np.arange(1, K + 1)[:, None]
+            ctx = c0k + emitted
+        look = self.spec.lookahead_tokens(k)
+        # KV blocks: a request needs the blocks of its context + lookahead up to its last step in the
+        # run. Without prefix caching a finished request's blocks are free for the steps after its
+        # last; with it they are not counted (a shared block stays held; a run that fits without
+        # them fits with them)
+        held = [r[BLOCKS] for r in counts]
+        if min(finish) >= K - 1:                                     # nobody leaves before the last step
+            last_ctx = ctx[-1].tolist()
+        else:
+            last_ctx = ctx[np.minimum(finish, K - 1), np.arange(B)].tolist()
+        grow = [b - h for b, h in zip(self._kv_blocks(last_ctx, look), held) if b > h]
+        if K > 1 and sum(grow) > self.free_blocks:
+            # blocks needed grow step by step (a finished request's as at its last step): stop before
+            # the first step that would preempt
+            later = ctx[1:]
+            held_a = np.array(held, dtype=np.int64)
+            leaves = min(finish) < K - 1
+            if leaves:
+                fin = np.array(finish, dtype=np.int64)
+                later = ctx[np.minimum(np.arange(1, K)[:, None], fin), np.arange(B)]
+            extra = np.maximum(self._blocks[later + look] - held_a, 0)
+            need = _add_reduce(extra, 1)
+            if leaves and self.cache is None:                         # all the blocks of those gone are free
+                gone = np.arange(1, K)[:, None] > fin
+                need -= _add_reduce((extra + held_a) * gone, 1)
+            fits = need <= self.free_blocks
+            if not fits.all():
+                K = 1 + int(np.argmin(fits))
+                emitted, ctx = emitted[:K], ctx[:K]
+        # the segments of the run: steps [s, e) with the same batch, e - 1 a completion (or the run's
+        # last step), at most max_run_steps each, each priced when it starts (an arrival makes the
+        # later ones useless)
+        ends_at = []
+        s = 0
+        for e in sorted({f + 1 for f in finish if f < K - 1}) + [K]:
+            while e - s > self.max_run_steps:
+                s += self.max_run_steps
+                ends_at.append(s)
+            ends_at.append(e)
+            s = e
+        rec = self.recorder
+        s = 0
+        cols = list(range(B))                                        # positions of the batch still in it
+        prev = [0] * B                                               # tokens applied so far per request
+        for e in ends_at:
+            b = len(cols)
+            part = ctx[s:e] if b == B else ctx[s:e, cols]
+            features = self.cost.decode_features(part, 1 + k)
+            # the batch is fixed, so only attention changes from step to step
+            if type(features.num_tokens) is float and type(features.num_seqs) is float \
+                    and type(features.num_sampled) is float and type(features.verify_seqs) is float:
+                step = features                                      # one value for all steps already
+            else:
+                step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs),
+                                    _first(features.num_sampled), features.attn_flops, features.kv_read_bytes,
+                                    _first(features.verify_seqs))
+            parts = self.cost.time_parts(step)
+            if k:
+                parts["draft"] = self.spec.draft_time_steps(b, step.num_tokens, _add_reduce(part, 1), k)
+            durations = sum(parts.values())
+            n = e - s
+            if not isinstance(durations, np.ndarray) or durations.ndim == 0:
+                durations = np.full(n, float(durations))
+            start = env.now
+            ends = durations.cumsum()
+            ends += start
+            # An arrival known ahead to come here ends the run after the step in progress, as its
+            # interrupt would, without one. The run then ends at start + (end - start), the
+            # interrupted one at arrival + (end - arrival): both exactly `end` when start >= end / 2
+            # (Sterbenz), so only then; otherwise the arrival interrupts.
+            arrival = self.next_arrival(self) if self.next_arrival is not None else None
+            self._in_run = True
+            priced = n
+            if arrival is not None and arrival < ends[-1]:
+                cut = min(n, int(ends.searchsorted(arrival, side="right")) + 1)
+                if start >= 0.5 * ends[cut - 1]:
+                    n = cut
+                    self._in_run = False
+            try:
+                yield env.timeout(ends[n - 1] - start)
+            except simpy.Interrupt:
+                n = min(n, int(ends.searchsorted(env.now, side="right")) + 1)   # finish the step in progress
+                if ends[n - 1] > env.now:
+                    yield env.timeout(ends[n - 1] - env.now)
+            self._in_run = False
+            if n < priced:                                           # cut short by an arrival
+                e = s + n
+                K = e
+                ends, durations = ends[:n], durations[:n]
+            # apply steps [s, e), request by request in plain Python (a handful of integers each)
+            emitted_l = emitted[e - 1].tolist() if k else None
+            blocks = self._kv_blocks(ctx[e - 1].tolist(), look)
+            grown = 0
+            done: list[int] = []                                     # positions in the batch
+            for i in cols:
+                r = counts[i]
+                if k:
+                    got = emitted_l[i] - prev[i]
+                    prev[i] = emitted_l[i]
+                else:
+                    got = n
+                h = blocks[i]
+                if h > r[BLOCKS]:
+                    grown += h - r[BLOCKS]
+                    r[BLOCKS] = h
+                o = r[OUT] + got
+                if o >= r[TARGET]:
+                    o = r[TARGET]
+                    done.append(i)
+                r[OUT] = o
+                r[COMPUTED] += got
+                r[CHUNKS] += n
+                if k:
+                    r[DRAFTED] += k * n
+                    r[ACCEPTED] += got - n                           # got: n steps of 1 + accepted drafts
+                    r[SPEC_STEPS] += n
+            self.free_blocks -= grown
+            seg_ids = ids if b == B else ids[cols]
+            rec.add_run(ends, durations, b, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, step, n,
+                        parts["draft"] if k else None)
+            rec.itl_chunks.append(ends[0] - t.last_emit[seg_ids])
+            if n > 1:
+                rec.itl_chunks.append(durations[1:].repeat(b))
+            t.last_emit[seg_ids] = ends[-1]
+            if done:
+                gone = [counts[i] for i in done]
+                for i, r in zip(done, gone):                         # finished requests free their blocks
+                    self.free_blocks += r[BLOCKS] if self.cache is None else self._release(int(ids[i]), r)
+                    r[BLOCKS] = 0
+                d_ids = ids[done]
+                t.finish[d_ids] = ends[-1]
+                t.finish_step[d_ids] = rec.num_steps - 1
+                self._leave(d_ids, gone)
+                self.on_finish(d_ids)
+                gone_set = set(done)
+                cols = [i for i in cols if i not in gone_set]
+            if e >= K or not cols or self.waiting:
+                return
+            # the scheduler would now pick k for the smaller batch: go on only with the same k
+            if self._decode_k(len(cols), sum([counts[i][COMPUTED] for i in cols]) / len(cols)) != k:
+                return
+            s = e
+
+    def _decode_k(self, batch: int, mean_context: float) -> int:
+        """The drafts per request _schedule gives a decode step of `batch` requests (the policy's k,
+        capped by long_prefill_token_threshold as _schedule_decodes caps it)."""
+        k = self.spec.num_spec_tokens(batch, mean_context)
+        threshold = self.limits.long_prefill_token_threshold
+        if threshold > 0:
+            k = min(k, max(min(1 + k, threshold) - 1, 0))
+        return k
+
+    def _decode_run_to_first_finish(self, k: int):
+        """A run of identical-shape decode steps, priced and applied at once, ending at the first
+        completion (the engine before runs went on past completions: `runs_past_finish` False).
 
         When every running request is decoding (1 + k tokens each) and nobody waits, the next
         steps are fully determined until a request finishes, the KV pool runs out or a request
