@@ -304,6 +304,23 @@ def _first(x: np.ndarray | float) -> float:
     return float(x.flat[0]) if isinstance(x, np.ndarray) else float(x)
 
 
+def _advance(r: list[int], got: int, n: int, k: int, blocks: int) -> int:
+    """Apply n decode steps (k drafts each) that emitted `got` tokens to one request's counts `r`, its KV
+    now `blocks`; returns the blocks it grew by. Output is capped at the target (the request then finishes)."""
+    grown = 0
+    if blocks > r[BLOCKS]:
+        grown = blocks - r[BLOCKS]
+        r[BLOCKS] = blocks
+    r[OUT] = min(r[OUT] + got, r[TARGET])
+    r[COMPUTED] += got
+    r[CHUNKS] += n
+    if k:
+        r[DRAFTED] += k * n
+        r[ACCEPTED] += got - n                                       # got: n steps of 1 + accepted drafts
+        r[SPEC_STEPS] += n
+    return grown
+
+
 class Replica:
     """One serving instance (TP GPUs running one vLLM engine)."""
 
@@ -566,21 +583,9 @@ class Replica:
                     prev[i] = emitted_l[i]
                 else:
                     got = n
-                h = blocks[i]
-                if h > r[BLOCKS]:
-                    grown += h - r[BLOCKS]
-                    r[BLOCKS] = h
-                o = r[OUT] + got
-                if o >= r[TARGET]:
-                    o = r[TARGET]
+                grown += _advance(r, got, n, k, blocks[i])
+                if r[OUT] >= r[TARGET]:
                     done.append(i)
-                r[OUT] = o
-                r[COMPUTED] += got
-                r[CHUNKS] += n
-                if k:
-                    r[DRAFTED] += k * n
-                    r[ACCEPTED] += got - n                           # got: n steps of 1 + accepted drafts
-                    r[SPEC_STEPS] += n
             self.free_blocks -= grown
             seg_ids = ids if b == B else ids[cols]
             rec.add_run(ends, durations, b, 1.0 - self.free_blocks / self.limits.num_gpu_blocks, parts, step, n,
@@ -716,20 +721,9 @@ class Replica:
         grown = 0
         done: list[int] = []                                         # positions in the batch
         for i, (r, e, b) in enumerate(zip(counts, emitted_l, last_blocks)):
-            if b > r[BLOCKS]:
-                grown += b - r[BLOCKS]
-                r[BLOCKS] = b
-            o = r[OUT] + e
-            if o >= r[TARGET]:
-                o = r[TARGET]
+            grown += _advance(r, e, K, k, b)
+            if r[OUT] >= r[TARGET]:
                 done.append(i)
-            r[OUT] = o
-            r[COMPUTED] += e
-            r[CHUNKS] += K
-            if k:
-                r[DRAFTED] += k * K
-                r[ACCEPTED] += e - K                                 # e: K steps of 1 + accepted drafts
-                r[SPEC_STEPS] += K
         self.free_blocks -= grown
         rec = self.recorder
         first_step = rec.num_steps
