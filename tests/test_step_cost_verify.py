@@ -105,7 +105,9 @@ def test_host_cost_per_verifying_sequence_on_the_v1_runner_only() -> None:
     a plain decode step with the same sequences is unchanged, and the V2 runner charges nothing."""
     gpu = load_gpu("MI300X").with_overrides(efficiency={"spec_seq_overhead_us": 400.0, "spec_token_overhead_us": 0.0})
     m = load_model("Qwen/Qwen3-8B")
-    v1, v2 = StepCostModel(gpu, m, 1), StepCostModel(gpu, m, 1, model_runner="v2")
+    # without async scheduling, so that the host terms add (their overlap: tests/test_async_scheduling.py)
+    v1 = StepCostModel(gpu, m, 1, async_scheduling=False)
+    v2 = StepCostModel(gpu, m, 1, model_runner="v2", async_scheduling=False)
     e = gpu.efficiency
     plain = e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers + e["per_seq_overhead_us"] * 1e-6 * 12
     assert float(v1.time_parts(_verify_features(12, 0))["overhead"]) == pytest.approx(plain, rel=1e-12)
@@ -121,11 +123,11 @@ def test_cost_per_verified_draft_token_on_either_runner() -> None:
     e = gpu.efficiency
     plain = e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers + e["per_seq_overhead_us"] * 1e-6 * 12
     for runner in ("v1", "v2"):
-        cost = StepCostModel(gpu, m, 1, model_runner=runner)
+        cost = StepCostModel(gpu, m, 1, model_runner=runner, async_scheduling=False)
         assert float(cost.time_parts(_verify_features(12, 0))["overhead"]) == pytest.approx(plain, rel=1e-12)
         assert float(cost.time_parts(_verify_features(12, 3))["overhead"]) == pytest.approx(plain + 12 * 3 * 25e-6, rel=1e-12)
     # many steps at once (arrays), as the engine's decode runs price them
-    cost = StepCostModel(gpu, m, 1)
+    cost = StepCostModel(gpu, m, 1, async_scheduling=False)
     runs = cost.decode_features(np.array([[100] * 12, [200] * 12]), tokens_per_seq=1 + 4)
     assert np.allclose(np.asarray(cost.time_parts(runs)["overhead"], dtype=float), plain + 12 * 4 * 25e-6, rtol=1e-12)
 

@@ -27,6 +27,15 @@ decode or prefill step is priced as before):
   the fitted HBM efficiency of the baseline already carries; verification stores N more per
   sequence, written in [128 x 8] fp32 tiles, i.e. 32-byte row segments
   (`STATE_SNAPSHOT_WRITE_EFFICIENCY`).
+* Host time per step (`step_overhead_ms`: scheduler, input preparation, output processing) and per
+  running sequence (`per_seq_overhead_us`) of the hardware profile, against GPU time. With vLLM's
+  async scheduling (`async_scheduling`; on by default since vLLM 0.14, vllm/config/vllm.py: None
+  becomes True unless incompatible, `max_concurrent_batches` 2) the scheduler works one step ahead
+  while the GPU runs, so a step lasts max(GPU time, host time) and only host time the GPU does not
+  cover shows (docs/seed_validation.md section 19); without it (older vLLM, CPU n-gram drafting)
+  the two add. The fixed GPU cost of a step's kernels (`layer_overhead_us` per layer or per dense
+  layer's kernels, `layer_overhead_units`) and the speculative host terms below, which the V1
+  runner does not overlap, are paid in series either way.
 * Host work per verifying sequence (`spec_seq_overhead_us` of the hardware profile, part of
   "overhead"). With vLLM's V1 model runner a speculative step does per-request CPU work that a
   plain decode step overlaps with the forward pass (draft-token bookkeeping, rejection-sampler
@@ -84,6 +93,9 @@ if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
     from capacity.inputs.models import ModelArch
 
+# False prices host time serially even where the engine schedules asynchronously (an ablation switch
+# for scripts/screen_cost_terms.py; the engine's `async_scheduling` decides otherwise)
+HOST_OVERLAP = True
 COMPONENTS = ("dense_gemm", "moe_gemm", "attention", "allreduce", "overhead", "draft")
 
 ACTIVATION_BYTES = 2  # bf16 activations travel through the all-reduce
@@ -441,8 +453,10 @@ class StepCostModel:
     def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1,
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
-                 model_runner: str = "v1", expert_parallel: bool = False):
+                 model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True):
         self.gpu = gpu
+        # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
+        self.async_scheduling = bool(async_scheduling)
         self.model = model
         self.tp = int(tensor_parallel_size)
         # expert parallelism over the tensor-parallel GPUs (module docstring); 1: experts are TP-sliced
@@ -591,12 +605,14 @@ class StepCostModel:
                    + allreduce_traffic(message, tp, self._allreduce_algorithm) / (self._allreduce_bw * eff["allreduce"]))
             parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
         if with_overhead:
-            parts["overhead"] = (eff["step_overhead_ms"] * 1e-3
-                                 + eff["layer_overhead_us"] * 1e-6 * self._layer_units
-                                 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
-                                 + eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6
-                                 * _float_or_array(f.verify_seqs)
-                                 + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
+            kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units
+            spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
+                    + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
+            host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
+            if self.async_scheduling and HOST_OVERLAP:
+                # the forward pass lasts max(GPU, host): only host time the GPU does not cover shows
+                host = fast_maximum(host - (sum(parts.values()) + kernels), 0.0)
+            parts["overhead"] = kernels + host + spec
         return parts
 
     def _busiest_expert_gpu(self, flops_s, bytes_s, n_tok, experts):

@@ -206,7 +206,8 @@ class Repricer:
         d = rec.scenario["deployment"]
         model = load_model(d["model"], weight_precision=d.get("precision"))
         self.rec = rec
-        self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"], expert_parallel=d.get("expert_parallel", False))
+        self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"], expert_parallel=d.get("expert_parallel", False),
+                                  async_scheduling=rec.scenario.get("engine", {}).get("async_scheduling", True))
         f = rec.features
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine

@@ -114,6 +114,10 @@ class Engine(_Strict):
                           "per-request host work in speculative steps that the hardware profile's "
                           "spec_seq_overhead_us prices; v2 prepares inputs and counts accepted drafts on the GPU "
                           "(targets with linear-attention state still pay it on v2)")
+    async_scheduling: bool = Field(
+        True, description="vLLM --async-scheduling (on by default since vLLM 0.14; off for CPU n-gram drafting, "
+                          "which vLLM runs synchronously): the scheduler prepares the next step while the GPU runs "
+                          "this one, so a step lasts max(GPU time, host time) instead of their sum")
     activation_reserve_gb: float = Field(
         6.0, ge=0,
         description="assumed: per-GPU memory vLLM's profiling run keeps for activations, CUDA/HIP graphs and "

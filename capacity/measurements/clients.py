@@ -68,6 +68,22 @@ def v0_engine(row: dict[str, Any]) -> bool:
     return bool(m) and int(m.group(1)) == 0 and 0 < int(m.group(2)) < 8     # 0.0.x: not a vLLM release
 
 
+# The first vLLM release with async scheduling on by default (vllm PR #27614, "Async Scheduling Plan"
+# vllm issue #27679, closed 2025-12; the Q4-2025 roadmap item). The shipped rows are v0.11.2 or
+# v0.15 and later, so the exact boundary between 0.12 and 0.14 decides none of them (assumed: 0.14).
+ASYNC_SCHEDULING_SINCE = (0, 14)
+
+
+def async_scheduling(row: dict[str, Any]) -> bool:
+    """Whether the row's vLLM scheduled asynchronously by default (`ASYNC_SCHEDULING_SINCE`); a
+    version that cannot be read (an image tag such as deepseekv4-cu130, or 0.0.x, not a vLLM release)
+    counts as recent."""
+    m = re.search(r"v?(\d+)\.(\d+)", str(row.get("framework_version", "")))
+    if not m or (int(m.group(1)), int(m.group(2))) == (0, 0):
+        return True
+    return (int(m.group(1)), int(m.group(2))) >= ASYNC_SCHEDULING_SINCE
+
+
 def model_runner(row: dict[str, Any]) -> str:
     """The vLLM model runner a row ran with: its `model_runner` column if it has one, else the seed
     article's serve command for its target (`seed_serve_flags.yaml`), else vLLM's default, v1."""

@@ -22,7 +22,7 @@ from capacity.errors import CapacityError
 from capacity.inputs.hardware import load_gpu, looks_like_path
 from capacity.inputs.models import load_model
 from capacity.inputs.traffic import RequestStream, TrafficConfig, open_loop_arrivals
-from capacity.measurements.clients import client_of, random_lengths
+from capacity.measurements.clients import async_scheduling, client_of, random_lengths
 from capacity.measurements.schemas import (PREDICTED, draft_checkpoint, marginal_rates, method_name, model_aliases,
                                            parse_float, serving_draft, serving_method, serving_precision)
 from capacity.spec.acceptance import iid_alpha_for_length
@@ -144,6 +144,8 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
     }
     engine = {k: int(parse_float(row[k])) for k in ("max_num_batched_tokens", "max_num_seqs")
               if k in row and parse_float(row[k]) > 0}
+    if not async_scheduling(row):
+        engine["async_scheduling"] = False
     if engine:
         scenario["engine"] = engine
     if spec:
