@@ -80,6 +80,15 @@ def fold_out(pricers, fitted, keys, fit_kw, group) -> tuple[pd.DataFrame, dict]:
     return pd.concat(oof, ignore_index=True), fits
 
 
+def _constant(text: str, kind: type):
+    """A module constant from its command-line text (bool('False') would be True)."""
+    if kind is bool:
+        if text.strip().lower() not in ("true", "false", "1", "0"):
+            raise SystemExit(f"error: {text!r} is not a boolean; use True or False")
+        return text.strip().lower() in ("true", "1")
+    return kind(text)
+
+
 def screen(recs, profile_ref: str, prior_weight: float) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
     set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards."""
@@ -89,7 +98,7 @@ def screen(recs, profile_ref: str, prior_weight: float) -> dict:
         for item in sets:
             attr, value = item.split("=", 1)
             saved[attr] = getattr(step_cost, attr)
-            setattr(step_cost, attr, type(saved[attr])(value))
+            setattr(step_cost, attr, _constant(value, type(saved[attr])))
         return _screen(recs, profile_ref, prior_weight) | {"constants": sets}
     finally:
         for attr, value in saved.items():

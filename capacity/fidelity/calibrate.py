@@ -204,7 +204,7 @@ class Repricer:
 
     def __init__(self, rec: RecordedRow, gpu: GpuProfile):
         d = rec.scenario["deployment"]
-        model = load_model(d["model"], weight_precision=d.get("precision"))
+        model = load_model(d["model"], weight_precision=d.get("precision"), kv_dtype=d.get("kv_cache_dtype", "bf16"))
         self.rec = rec
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"], expert_parallel=d.get("expert_parallel", False),
                                   async_scheduling=rec.scenario.get("engine", {}).get("async_scheduling", True))

@@ -4,6 +4,9 @@
   isl/osl the source's client drew its random lengths (`length_fractions`, `random_lengths`) and
   its prompt count where a row does not state one (`client_of`); `v0_engine` tells the vLLM
   releases that ran the V0 engine;
+* serving rows: serve_recipes.yaml gives the serve flags of a measured series that its rows do not
+  carry (KV-cache dtype, batched-token budget, async scheduling), read from the series' published
+  benchmark script (`serve_recipe`);
 * the seed article's speedup rows: SEED_WORKLOAD, the request shape its client is assumed to have
   sent, and seed_serve_flags.yaml, the serve command's model runner per target (`model_runner`).
 """
@@ -96,3 +99,22 @@ def model_runner(row: dict[str, Any]) -> str:
 @lru_cache(maxsize=1)
 def _serve_flags() -> dict[str, Any]:
     return (yaml.safe_load((data_dir() / "measurements" / "seed_serve_flags.yaml").read_text()) or {}).get("targets", {})
+
+
+@lru_cache(maxsize=1)
+def serve_recipes() -> list[dict[str, Any]]:
+    return (yaml.safe_load((data_dir() / "measurements" / "serve_recipes.yaml").read_text()) or {}).get("recipes") or []
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    v = row.get(key)
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
+
+
+def serve_recipe(row: dict[str, Any]) -> dict[str, Any]:
+    """The scenario keys (dotted) the row's series was served with beyond the defaults: `set` of the
+    first serve_recipes.yaml entry whose `match` columns all equal the row's ({} if none matches)."""
+    for entry in serve_recipes():
+        if all(_cell(row, k) == str(v).strip() for k, v in (entry.get("match") or {}).items()):
+            return dict(entry.get("set") or {})
+    return {}

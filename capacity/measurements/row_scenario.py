@@ -4,7 +4,9 @@ A serving row (schema of serving_vllm.csv) becomes a scenario (`row_scenario`): 
 model, precision and TP; a closed loop of `concurrency_or_qps` users (InferenceX) or Poisson arrivals
 at `concurrency_or_qps` req/s; prompts and outputs uniform in the range the source's benchmark
 client drew its random lengths from (`clients.random_lengths`), or, for a vLLM --save-detailed
-result, the run's own request stream (`row_stream`). A row that cannot be modelled says why.
+result, the run's own request stream (`row_stream`); and the serve flags its series' script passed
+that the row does not carry (KV-cache dtype, batched-token budget, async scheduling:
+`clients.serve_recipe`). A row that cannot be modelled says why.
 A speculative row is simulated with its stated method, N and mean accepted length (`row_speculation`).
 
 A speculative-speedup row (schema of seed_spec_decode.csv) gives the scenario's `speculative`
@@ -22,7 +24,7 @@ from capacity.errors import CapacityError
 from capacity.inputs.hardware import load_gpu, looks_like_path
 from capacity.inputs.models import load_model
 from capacity.inputs.traffic import RequestStream, TrafficConfig, open_loop_arrivals
-from capacity.measurements.clients import async_scheduling, client_of, random_lengths
+from capacity.measurements.clients import async_scheduling, client_of, random_lengths, serve_recipe
 from capacity.measurements.schemas import (PREDICTED, draft_checkpoint, marginal_rates, method_name, model_aliases,
                                            parse_float, serving_draft, serving_method, serving_precision)
 from capacity.spec.acceptance import iid_alpha_for_length
@@ -148,6 +150,9 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
         engine["async_scheduling"] = False
     if engine:
         scenario["engine"] = engine
+    for key, value in serve_recipe(row).items():    # the series' serve flags (serve_recipes.yaml)
+        section, field = key.split(".", 1)
+        scenario.setdefault(section, {})[field] = value
     if spec:
         scenario["speculative"] = spec
     return scenario, None

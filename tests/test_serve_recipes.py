@@ -1,0 +1,78 @@
+"""Rows run with the serve flags their series' benchmark script passed (serve_recipes.yaml): the
+KV-cache dtype, the batched-token budget and async scheduling that the CSV rows do not carry."""
+
+import re
+
+import pandas as pd
+import pytest
+
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.models import load_model
+from capacity.measurements.clients import serve_recipe, serve_recipes
+from capacity.measurements.row_scenario import row_scenario
+from capacity.measurements.schemas import read_measurements
+from capacity.paths import data_dir
+
+
+@pytest.fixture(scope="module")
+def rows() -> pd.DataFrame:
+    return read_measurements(data_dir() / "measurements" / "serving_vllm.csv")
+
+
+def test_every_recipe_cites_a_script_at_a_commit_and_matches_shipped_rows(rows):
+    records = rows.to_dict("records")
+    for entry in serve_recipes():
+        assert re.search(r"github\.com/SemiAnalysisAI/InferenceX/blob/[0-9a-f]{12,40}/benchmarks/\S+\.sh$",
+                         entry["source"]), entry["source"]
+        assert set(entry["match"]) <= set(rows.columns), entry["match"]
+        assert entry.get("flags"), "the script's own words"
+        hits = [r for r in records if all(str(r.get(k, "")).strip() == str(v) for k, v in entry["match"].items())]
+        assert hits, f"no shipped row matches {entry['match']}"
+
+
+def test_recipe_keys_are_scenario_keys(rows):
+    """Each `set` is valid on a real row's scenario (pydantic rejects an unknown key or a bad value)."""
+    records = rows.to_dict("records")
+    for entry in serve_recipes():
+        row = next(r for r in records if all(str(r.get(k, "")).strip() == str(v) for k, v in entry["match"].items()))
+        sc, reason = row_scenario(row)
+        if sc is None:
+            continue
+        scenario_mod.from_dict(sc)
+        for key, value in (entry.get("set") or {}).items():
+            section, field = key.split(".", 1)
+            assert sc[section][field] == value
+
+
+def test_inferencex_llama_70b_ran_an_fp8_kv_cache_and_mi300x_a_131k_token_budget(rows):
+    """70b_fp8_mi300x_docker.sh passes --kv-cache-dtype=fp8 --max-num-batched-tokens=131072; the H100
+    config.yaml kv-cache-dtype: fp8 and 8192 batched tokens (vLLM's default)."""
+    sel = rows[(rows.source_id == "inferencex_api_snapshot_2026-05-09") & rows.model.str.startswith("Llama-3.3-70B")]
+    mi = row_scenario(sel[sel.gpu == "MI300X"].iloc[0].to_dict())[0]
+    h100 = row_scenario(sel[sel.gpu == "H100"].iloc[0].to_dict())[0]
+    assert mi["deployment"]["kv_cache_dtype"] == "fp8" and mi["engine"]["max_num_batched_tokens"] == 131072
+    assert h100["deployment"]["kv_cache_dtype"] == "fp8"
+    assert scenario_mod.from_dict(h100).engine.max_num_batched_tokens == 8192
+    # an fp8 KV cache holds one byte per value (vLLM --kv-cache-dtype fp8): half of bf16's
+    name = mi["deployment"]["model"]
+    assert (load_model(name, kv_dtype="fp8").kv_bytes_per_token
+            == pytest.approx(load_model(name, kv_dtype="bf16").kv_bytes_per_token / 2))
+
+
+def test_rows_outside_the_recipes_keep_the_defaults(rows):
+    """gpt-oss-120b on MI300X (v0.17.0): the script passes no KV dtype; the MI355X MiniMax rows of
+    v0.18.0 run the default, those of v0.19.0 (PR #1003) an fp8 KV cache."""
+    ox = rows[(rows.gpu == "MI300X") & (rows.model == "gpt-oss-120b")].iloc[0].to_dict()
+    assert serve_recipe(ox) == {}
+    assert "kv_cache_dtype" not in row_scenario(ox)[0]["deployment"]
+    mm = rows[(rows.gpu == "MI355X") & (rows.model == "MiniMax-M2.5") & (rows.precision == "fp8")]
+    v18 = mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.18.0"].iloc[0].to_dict()
+    v19 = mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.19.0"].iloc[0].to_dict()
+    assert serve_recipe(v18) == {} and serve_recipe(v19) == {"deployment.kv_cache_dtype": "fp8"}
+
+
+def test_a_recipe_turns_async_scheduling_on_for_a_release_that_predates_its_default(rows):
+    """gptoss_fp4_h100.sh on vLLM 0.11.2 writes async-scheduling: true; 0.11.2 alone would run it off."""
+    old = rows[(rows.gpu == "H100") & (rows.framework_version == "vllm/vllm-openai:v0.11.2")].iloc[0].to_dict()
+    sc = row_scenario(old)[0]
+    assert sc.get("engine", {}).get("async_scheduling", True) is True
