@@ -166,7 +166,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
                            progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
-                           rounds=args.rounds, workers=args.workers,
+                           rounds=args.rounds, workers=args.workers, cross_validate=not args.no_cross_validation,
                            **({} if args.prior_weight is None else {"prior_weight": args.prior_weight}))
     if args.json:
         print_json(result.to_json())
@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it); with "
                                  "spec-decode metrics also OUT.acceptance.yaml")
     c.add_argument("--holdout", type=float, default=0.0, help="fraction of rows kept out of the fit")
+    c.add_argument("--no-cross-validation", action="store_true",
+                   help="fit only: skip leave-one-model-out and leave-one-TP-size-out (about half the time)")
     c.add_argument("--json", action="store_true")
     c.add_argument("--quiet", action="store_true")
     c.set_defaults(func=cmd_calibrate)
