@@ -8,7 +8,7 @@ import pytest
 
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.models import load_model
-from capacity.measurements.clients import serve_recipe, serve_recipes
+from capacity.measurements.clients import recipe_matches, serve_recipe, serve_recipes
 from capacity.measurements.row_scenario import row_scenario
 from capacity.measurements.schemas import read_measurements
 from capacity.paths import data_dir
@@ -26,7 +26,7 @@ def test_every_recipe_cites_a_script_at_a_commit_and_matches_shipped_rows(rows):
                          entry["source"]), entry["source"]
         assert set(entry["match"]) <= set(rows.columns), entry["match"]
         assert entry.get("flags"), "the script's own words"
-        hits = [r for r in records if all(str(r.get(k, "")).strip() == str(v) for k, v in entry["match"].items())]
+        hits = [r for r in records if recipe_matches(entry["match"], r)]
         assert hits, f"no shipped row matches {entry['match']}"
 
 
@@ -34,7 +34,7 @@ def test_recipe_keys_are_scenario_keys(rows):
     """Each `set` is valid on a real row's scenario (pydantic rejects an unknown key or a bad value)."""
     records = rows.to_dict("records")
     for entry in serve_recipes():
-        row = next(r for r in records if all(str(r.get(k, "")).strip() == str(v) for k, v in entry["match"].items()))
+        row = next(r for r in records if recipe_matches(entry["match"], r))
         sc, reason = row_scenario(row)
         if sc is None:
             continue

@@ -106,15 +106,19 @@ def serve_recipes() -> list[dict[str, Any]]:
     return (yaml.safe_load((data_dir() / "measurements" / "serve_recipes.yaml").read_text()) or {}).get("recipes") or []
 
 
-def _cell(row: dict[str, Any], key: str) -> str:
-    v = row.get(key)
-    return "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
+def recipe_matches(match: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether every `match` column of a serve_recipes.yaml entry equals the row's cell (an empty or
+    NaN cell reads as "")."""
+    def cell(key: str) -> str:
+        v = row.get(key)
+        return "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
+    return all(cell(k) == str(v).strip() for k, v in match.items())
 
 
 def serve_recipe(row: dict[str, Any]) -> dict[str, Any]:
     """The scenario keys (dotted) the row's series was served with beyond the defaults: `set` of the
-    first serve_recipes.yaml entry whose `match` columns all equal the row's ({} if none matches)."""
+    first serve_recipes.yaml entry that `recipe_matches` the row ({} if none does)."""
     for entry in serve_recipes():
-        if all(_cell(row, k) == str(v).strip() for k, v in (entry.get("match") or {}).items()):
+        if recipe_matches(entry.get("match") or {}, row):
             return dict(entry.get("set") or {})
     return {}
