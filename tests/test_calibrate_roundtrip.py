@@ -90,12 +90,16 @@ def test_repricing_at_the_recording_parameters_equals_the_simulation(tmp_path, a
 
 
 def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys):
-    """The machinery is exact: without the microbenchmark prior the fit returns the simulated truth."""
+    """The machinery is exact: without the microbenchmark prior the fit returns the simulated truth.
+    Each round re-records the schedules at the previous round's fit; the first is recorded at the
+    shipped profile's values, which are far from this truth (gemm 0.26 against 0.45), so the fit
+    needs a third round to land on it (the default 2 stops within 1-4 % of the metrics)."""
     out = tmp_path / "MI300X-mine.yaml"
     log = str(readers.Path(__file__).parent / "data" / "vllm" / "specdecode_club3090_vllm0.20.1.log")
     assert main(["calibrate", *result_files, log, "--gpu", "MI300X", "--out", str(out), "--workers", "1",
-                 "--prior-weight", "0", "--quiet", "--json"]) == 0
+                 "--prior-weight", "0", "--rounds", "3", "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
+    assert res["round_costs"][-1] < 1e-9   # the schedules recorded at the fit reproduce the runs exactly
     known = truth()
     assert set(res["fitted_keys"]) == {"gemm", "hbm", "attention", "step_overhead_ms", "per_seq_overhead_us",
                                        "request_overhead_ms"}

@@ -77,6 +77,10 @@ def test_every_leaf_has_a_source_or_is_labelled_assumed(name):
     # And the loader keeps one provenance record per leaf.
     profile = load_gpu(name)
     transferred = [f"efficiency.{k}" for k in EFFICIENCY_KEYS] if name in TRANSFERRED else []
+    if name in TRANSFERRED:   # the sibling's kernel count travels with the layer overhead fitted per kernel
+        sibling = _raw(_raw(name)["family_transfer"]["from"])
+        if "kernels_per_dense_layer" in sibling and "kernels_per_dense_layer" not in _raw(name):
+            transferred.append("kernels_per_dense_layer")
     assert sorted(profile.provenance) == sorted([key for key, _ in leaves] + transferred)
 
 

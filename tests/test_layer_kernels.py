@@ -29,36 +29,54 @@ def test_kernel_weighted_layer_units(model, units):
     assert layer_overhead_units(load_model(model), 9) == pytest.approx(units)
 
 
-def test_without_the_opt_in_the_overhead_is_per_layer():
+def _profile_file(tmp_path, kernels: bool):
+    """The shipped MI300X profile with the kernel count (as shipped) or without it (the opt-out)."""
+    from pathlib import Path
+    import yaml
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "hw_profiles" / "MI300X.yaml").read_text())
+    doc.pop("kernels_per_dense_layer", None)
+    if kernels:
+        doc["kernels_per_dense_layer"] = yaml.safe_load(LEAF)["kernels_per_dense_layer"]
+    path = tmp_path / f"MI300X_{'k' if kernels else 'plain'}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def test_without_the_opt_in_the_overhead_is_per_layer(tmp_path):
     m = load_model("gpt-oss-120b")
     assert layer_overhead_units(m) == m.num_layers
-    assert load_gpu("MI300X").kernels_per_dense_layer == 0
+    assert load_gpu(_profile_file(tmp_path, kernels=False)).kernels_per_dense_layer == 0
+    assert load_gpu("H100").kernels_per_dense_layer == 0   # a profile without the entry
 
 
 def test_the_opt_in_profile_prices_a_moe_layer_by_its_kernels(tmp_path):
-    from pathlib import Path
-    text = (Path(__file__).resolve().parents[1] / "hw_profiles" / "MI300X.yaml").read_text()
-    path = tmp_path / "k.yaml"
-    path.write_text(text.replace("\nboard_power_w:", "\n" + LEAF + "board_power_w:", 1))
-    g = load_gpu(path)
+    g = load_gpu(_profile_file(tmp_path, kernels=True))
     m = load_model("gpt-oss-120b")
-    plain, counted = StepCostModel(load_gpu("MI300X"), m), StepCostModel(g, m)
+    plain, counted = StepCostModel(load_gpu(_profile_file(tmp_path, kernels=False)), m), StepCostModel(g, m)
     f = plain.features([1], [100])
     extra = counted.time_parts(f)["overhead"] - plain.time_parts(f)["overhead"]
     assert extra == pytest.approx(g.efficiency["layer_overhead_us"] * 1e-6 * (36 * 13 / 9 - 36))
 
 
+def test_a_dense_model_pays_the_same_either_way(tmp_path):
+    """A dense layer is the unit the overhead is fitted in, so the count changes nothing for Llama."""
+    m = load_model("Llama-3.3-70B-Instruct")
+    plain = StepCostModel(load_gpu(_profile_file(tmp_path, kernels=False)), m)
+    counted = StepCostModel(load_gpu(_profile_file(tmp_path, kernels=True)), m)
+    f = plain.features([1], [100])
+    assert counted.time_parts(f)["overhead"] == pytest.approx(plain.time_parts(f)["overhead"])
+
+
 def test_a_family_transfer_carries_the_kernel_count(tmp_path):
     """MI325X takes MI300X's fitted efficiencies; a layer overhead fitted per dense layer's kernels keeps
     that meaning only with the count, so the count travels with it."""
+    import re
     from pathlib import Path
     root = Path(__file__).resolve().parents[1] / "hw_profiles"
-    sibling = tmp_path / "MI300X.yaml"
-    sibling.write_text((root / "MI300X.yaml").read_text().replace("\nboard_power_w:", "\n" + LEAF + "board_power_w:", 1))
     text = (root / "MI325X.yaml").read_text()
-    import re
-    text = re.sub(r"(family_transfer:\n  from: ).*", r"\g<1>" + str(sibling), text)
-    child = tmp_path / "MI325X.yaml"
-    child.write_text(text)
-    assert load_gpu(child).kernels_per_dense_layer == 9
-    assert load_gpu("MI325X").kernels_per_dense_layer == load_gpu("MI300X").kernels_per_dense_layer
+    for kernels, expected in ((True, 9), (False, 0)):
+        sibling = _profile_file(tmp_path, kernels)
+        child = tmp_path / f"MI325X_{expected}.yaml"
+        child.write_text(re.sub(r"(family_transfer:\n  from: ).*", r"\g<1>" + str(sibling), text))
+        assert load_gpu(child).kernels_per_dense_layer == expected
+    assert load_gpu("MI325X").kernels_per_dense_layer == load_gpu("MI300X").kernels_per_dense_layer == 9

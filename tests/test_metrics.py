@@ -524,3 +524,14 @@ def test_parse_class_qualified_slos_bad(text, fragment):
     with pytest.raises(CapacityError) as exc:
         parse_slos(text)
     assert fragment in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_a_constant_series_has_exactly_that_mean():
+    """Time-weighted mean of a series that never changes is the value itself, bit for bit: one user's
+    `running` mean must not read 0.9999999999999999 (summary.speculation_by_batch compares it with 1)."""
+    from capacity.sim.metrics import _series_stats
+    t = np.cumsum(np.random.default_rng(3).exponential(0.0137, 5000))
+    assert _series_stats(t, np.ones_like(t))["mean"] == 1.0
+    assert _series_stats(t, np.full_like(t, 7.0))["mean"] == 7.0
+    # and a step: 1 for the first half of the time, 3 for the second -> 2
+    assert _series_stats(np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 0.0]))["mean"] == pytest.approx(2.0)

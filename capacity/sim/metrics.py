@@ -373,7 +373,8 @@ def _series_stats(t_s: np.ndarray, x: np.ndarray) -> dict[str, float | None]:
         # one sample, or several series merged without sorting: plain sample mean
         mean = float(np.mean(v))
     else:
-        mean = float(np.sum(v[:-1] * np.diff(t)) / span)
+        # about the first sample, so a constant series' mean is exactly the constant
+        mean = float(v[0] + np.sum((v[:-1] - v[0]) * np.diff(t)) / span)
     return {"mean": mean, "max": float(np.max(v))}
 
 
