@@ -51,6 +51,9 @@ def test_inferencex_llama_70b_ran_an_fp8_kv_cache_and_mi300x_a_131k_token_budget
     mi = row_scenario(sel[sel.gpu == "MI300X"].iloc[0].to_dict())[0]
     h100 = row_scenario(sel[sel.gpu == "H100"].iloc[0].to_dict())[0]
     assert mi["deployment"]["kv_cache_dtype"] == "fp8" and mi["engine"]["max_num_batched_tokens"] == 131072
+    # the script exports VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=INT4; the H100 one has no such thing
+    assert mi["engine"]["quick_reduce_quantization"] == "int4"
+    assert scenario_mod.from_dict(h100).engine.quick_reduce_quantization == "none"
     assert h100["deployment"]["kv_cache_dtype"] == "fp8"
     assert scenario_mod.from_dict(h100).engine.max_num_batched_tokens == 8192
     # an fp8 KV cache holds one byte per value (vLLM --kv-cache-dtype fp8): half of bf16's

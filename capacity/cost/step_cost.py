@@ -179,6 +179,46 @@ def allreduce_traffic(message_bytes, tp: int, algorithm: str = "vllm"):
     return np.where(np.asarray(message_bytes) < below, one_shot, two_shot)
 
 
+# vLLM's QuickReduce on ROCm (VLLM_ROCM_QUICK_REDUCE_QUANTIZATION, default NONE = off): on gfx94x/gfx95x
+# (MI300X, MI325X, MI350X, MI355X) at TP 2, 4 or 8 it takes every all-reduce of at least a minimum size ahead of
+# the custom all-reduce and RCCL, as a two-shot whose wire bytes are block-quantized (one fp16 scale per 32
+# values). basis, vLLM v0.18.0 (the same in v0.10.0 and v0.19.1; docs/rocm_allreduce_paths.md):
+# cuda_communicator.py L191-199 (QR first), quick_all_reduce.py L47-58 (world sizes, _QR_MIN_SIZE: the fp16 row,
+# which bf16 inputs use too since VLLM_ROCM_QUICK_REDUCE_CAST_BF16_TO_FP16 defaults to 1, L168),
+# L85-89 (gfx94/gfx95 only), L247-269 (should_quick_allreduce), quick_reduce.h L164-194 (always two-shot) and
+# quick_reduce_impl.cuh codecs (bytes per 2048-value atom: FP 4096, INT8 2176, INT6 1664, INT4 1152).
+# The (de)quantization's own time is not priced (assumed: the kernel is bound by its peer writes).
+QUICK_REDUCE_MIN_BYTES = {   # {tp: {codec: bytes}}, MiB = 2**20
+    2: {"fp": 1 << 20, "int8": 2 << 20, "int6": 2 << 20, "int4": 1 << 20},
+    4: {"fp": 1 << 20, "int8": 16 << 20, "int6": 4 << 20, "int4": 2 << 20},
+    8: {"fp": 16 << 20, "int8": 4 << 20, "int6": 4 << 20, "int4": 2 << 20},
+}
+QUICK_REDUCE_WIRE_FRACTION = {"fp": 1.0, "int8": 2176 / 4096, "int6": 1664 / 4096, "int4": 1152 / 4096}
+QUICK_REDUCE_ARCHS = ("gfx94", "gfx95")
+
+
+def quick_reduce_rule(architecture: str, tp: int, quantization: str) -> tuple[float, float] | None:
+    """(minimum message bytes, wire bytes per 16-bit byte) of vLLM's QuickReduce for this GPU and TP size,
+    or None where vLLM does not use it (quantization "none", another architecture, TP not 2, 4 or 8)."""
+    q = quantization.lower()
+    if q == "none" or tp not in QUICK_REDUCE_MIN_BYTES or not any(a in architecture for a in QUICK_REDUCE_ARCHS):
+        return None
+    return float(QUICK_REDUCE_MIN_BYTES[tp][q]), QUICK_REDUCE_WIRE_FRACTION[q]
+
+
+def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduce: tuple[float, float] | None = None):
+    """`allreduce_traffic`, with messages QuickReduce takes (`quick_reduce_rule`) sent as its quantized
+    two-shot instead."""
+    traffic = allreduce_traffic(message_bytes, tp, algorithm)
+    if quick_reduce is None:
+        return traffic
+    floor, fraction = quick_reduce
+    quick = 2.0 * (tp - 1) / tp * message_bytes * fraction
+    if type(message_bytes) is float:
+        return quick if message_bytes >= floor else traffic
+    return np.where(np.asarray(message_bytes) >= floor, quick, traffic)
+
+
 # Kernels one decoder layer launches outside the collectives, counted from vLLM's model code (graph-replayed
 # decode; basis: assumed counts, not traced): a dense layer runs fused add + RMSNorm, QKV projection, rotary
 # embedding with the KV-cache write, attention, o_proj, fused add + RMSNorm, gate_up, SiLU-and-mul, down: 9
@@ -453,7 +493,8 @@ class StepCostModel:
     def __init__(self, gpu: GpuProfile, model: ModelArch, tensor_parallel_size: int = 1,
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
-                 model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True):
+                 model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True,
+                 quick_reduce_quantization: str = "none"):
         self.gpu = gpu
         # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
         self.async_scheduling = bool(async_scheduling)
@@ -478,6 +519,7 @@ class StepCostModel:
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer)
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
+        self._quick_reduce = quick_reduce_rule(gpu.architecture, self.tp, quick_reduce_quantization)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
         dense_calls, expert_calls = gemm_calls(model)
         w_dense = gpu.gemm_w_half_flops(model.dense_weight_dtype)
@@ -602,7 +644,8 @@ class StepCostModel:
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
             one = (self.gpu.scaleup_latency_us * 1e-6
-                   + allreduce_traffic(message, tp, self._allreduce_algorithm) / (self._allreduce_bw * eff["allreduce"]))
+                   + allreduce_bytes(message, tp, self._allreduce_algorithm, self._quick_reduce)
+                   / (self._allreduce_bw * eff["allreduce"]))
             parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
         if with_overhead:
             kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units

@@ -118,6 +118,11 @@ class Engine(_Strict):
         True, description="vLLM --async-scheduling (on by default since vLLM 0.14; off for CPU n-gram drafting, "
                           "which vLLM runs synchronously): the scheduler prepares the next step while the GPU runs "
                           "this one, so a step lasts max(GPU time, host time) instead of their sum")
+    quick_reduce_quantization: Literal["none", "fp", "int8", "int6", "int4"] = Field(
+        "none", description="vLLM's VLLM_ROCM_QUICK_REDUCE_QUANTIZATION (default NONE: off). On AMD gfx94x/gfx95x "
+                            "(MI300X, MI325X, MI350X, MI355X) at TP 2, 4 or 8, all-reduces of at least 1-16 MiB "
+                            "(vLLM's _QR_MIN_SIZE table) go through QuickReduce's two-shot with their bytes quantized "
+                            "(int4: 0.28 of the 16-bit bytes); ignored on other GPUs, as vLLM ignores it")
     activation_reserve_gb: float = Field(
         6.0, ge=0,
         description="assumed: per-GPU memory vLLM's profiling run keeps for activations, CUDA/HIP graphs and "

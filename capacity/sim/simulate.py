@@ -97,7 +97,8 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     # vLLM turns async scheduling off for a drafter that runs on the CPU (n-gram; vllm/config/vllm.py)
     async_scheduling = e.async_scheduling and getattr(speculation.method, "kind", None) != "cpu"
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel,
-                                 async_scheduling=async_scheduling))
+                                 async_scheduling=async_scheduling,
+                                 quick_reduce_quantization=e.quick_reduce_quantization))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation,
                     drop_last_cached_block=uses_target_hidden_states(speculation.method))
 

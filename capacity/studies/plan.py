@@ -49,7 +49,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from capacity.cost.step_cost import StepFeatures
+from capacity.cost.step_cost import StepFeatures, quick_reduce_rule
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import load_gpu
@@ -867,7 +867,7 @@ def _recommendation(st: _Setup, best: Candidate, ranked: list[Candidate], eviden
         "one_fewer_replica_slo_met": fewer.get("ok_plan") if fewer else None,
         "one_fewer_replica_slo": (fewer.get("judgement") or {}).get("slo") if fewer else None,
         "replicas_tried": evidence.get("replicas_tried"),
-        "without_speculation": _best_of(ranked, "none"),
+        "without_speculation": _without_at_target(_best_of(ranked, "none"), comparison),
         # where the recommended drafter's acceptance comes from (measured on this target, or carried
         # over from other targets): the recommendation is only as good as that number
         "acceptance_basis": evidence["recommended"].get("acceptance_basis"),
@@ -940,10 +940,36 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     plain = next((c for c in ranked if c.method == "none" and c.simulated), None) or \
         next((c for c in ranked if c.method == "none"), None)
     if plain is not None:
-        prog.update(f"the cheapest deployment without speculation: {plain.label} × {plain.replicas}")
-        out.append(entry("cheapest without", plain, plain.replicas,
-                         _simulate(candidate_scenario(base, plain, rate, plain.replicas, n_req, router))))
+        # its replica count comes from a probe of one replica; at the target rate and this run's length
+        # it can miss by a hair, so add replicas (at most _WITHOUT_EXTRA_REPLICAS) until it meets the SLOs:
+        # the column is the cheapest deployment without speculation that this table shows meeting them
+        for replicas in range(plain.replicas, plain.replicas + _WITHOUT_EXTRA_REPLICAS + 1):
+            prog.update(f"the cheapest deployment without speculation: {plain.label} × {replicas}")
+            res = _simulate(candidate_scenario(base, plain, rate, replicas, n_req, router))
+            if res.get("ok") or res.get("error"):
+                break
+        out.append({**entry("cheapest without", plain, replicas, res),
+                    "replicas": replicas, "replicas_from_search": plain.replicas})
     return out
+
+
+_WITHOUT_EXTRA_REPLICAS = 2
+
+
+def _without_at_target(without: dict[str, Any] | None, comparison: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The plan's without-speculation answer with the replica count the with/without table confirmed."""
+    col = next((c for c in comparison if c["label"] == "cheapest without"), None)
+    if without is None or col is None or col["replicas"] == col["replicas_from_search"]:
+        return without
+    per_replica_usd = without["cost_per_hour_usd"] / col["replicas_from_search"]
+    if col["slo_met"]:
+        note = (f"{col['replicas']} replicas: the search's {col['replicas_from_search']} missed the SLOs at the "
+                f"target rate in the with/without run")
+    else:
+        note = (f"{col['replicas']} replicas still miss the SLOs at the target rate in the with/without run "
+                f"(the search's count was {col['replicas_from_search']})")
+    return {**without, "total_gpus": col["gpus"], "cost_per_hour_usd": per_replica_usd * col["replicas"],
+            "note": note}
 
 
 def _best_of(ranked: list[Candidate], method: str) -> dict[str, Any] | None:
@@ -1036,6 +1062,8 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
     serve += ["--port", "8000"]
+    if quick_reduce_rule(gpu.architecture, tp, e.quick_reduce_quantization) is not None:
+        serve = [f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}", *serve]
     stream = build_requests(sc.traffic, np.random.default_rng(0))
     per_replica = st.target / best.replicas
     goodput = []
