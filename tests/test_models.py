@@ -261,6 +261,20 @@ def test_attention_flops_property_swa(c: int, n_raw: int) -> None:
                                 rel=1e-12, abs=1e-6)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["gemma-4-31B-it", "GLM-5", "gpt-oss-120b", "Qwen3.5-27B", "Llama-3.1-8B"]),
+       st.integers(min_value=0, max_value=200_000), st.integers(min_value=0, max_value=200_000))
+def test_attention_flops_one_is_the_vectorised_bits(name: str, c: int, n_raw: int) -> None:
+    """The scalar path the step cost takes for a step's few prompt chunks gives the same float, bit for
+    bit, as the numpy one, which the tests above check against brute force (the same seed must give
+    byte-identical results either way)."""
+    n = min(n_raw, c)
+    m = load_model(name)
+    assert m.attention_flops_one(n, c) == float(m.attention_flops(np.array([n]), np.array([c]))[0])
+    with pytest.raises(ValueError):
+        m.attention_flops_one(c + 1, c)
+
+
 def test_attention_flops_vectorised_and_rejects_bad_chunks() -> None:
     m = load_model("Llama-3.1-8B")
     n = np.array([1, 10, 0])

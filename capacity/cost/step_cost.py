@@ -375,6 +375,7 @@ class AttentionTables:
     tables hold the function's own values."""
 
     MAX_CHUNK = 32
+    SCALAR_REST = 16   # up to this many sequences off the tables are priced one by one in Python floats
     MAX_ROWS = 32
 
     def __init__(self, arch: ModelArch):
@@ -437,7 +438,11 @@ class AttentionTables:
                 out.append(table._list[c])
             except (TypeError, IndexError):                         # no list yet, or c beyond it
                 out.append(table.lookup([c])[0])
-        if rest:
+        if 0 < len(rest) <= self.SCALAR_REST:   # a step's few prompt chunks: plain floats, same bits
+            one = self.arch.attention_flops_one
+            for i in rest:
+                out[i] = one(new_tokens[i], context_tokens[i])
+        elif rest:
             direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
             for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):

@@ -289,6 +289,20 @@ class ModelArch:
             out = out + self.sparse_attn_flops_per_token_per_ctx * _capped_sum(n, c, self.sparse_attention_tokens)
         return out
 
+    def attention_flops_one(self, new_tokens: int, context_tokens: int) -> float:
+        """`attention_flops` of one sequence in plain Python floats, the same operations in the same
+        order (so the same bits): a step's few prompt chunks skip numpy's per-call cost."""
+        n, c = float(new_tokens), float(context_tokens)
+        if n < 0 or n > c:
+            raise ValueError("attention_flops needs 0 <= new_tokens <= context_tokens")
+        full = n * c - n * (n - 1.0) / 2.0
+        out = self.attn_flops_per_token_per_ctx * full + self.linear_attn_flops_per_token * n
+        if self.swa_attn_flops_per_token_per_ctx:
+            out = out + self.swa_attn_flops_per_token_per_ctx * _capped_sum_one(n, c, self.sliding_window)
+        if self.sparse_attn_flops_per_token_per_ctx:
+            out = out + self.sparse_attn_flops_per_token_per_ctx * _capped_sum_one(n, c, self.sparse_attention_tokens)
+        return float(out)
+
     # ---------------------------------------------------------------------------------------- output
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable summary (for ``capacity models --json``)."""
@@ -317,6 +331,18 @@ def _capped_sum(n: np.ndarray, c: np.ndarray, limit: int | None) -> np.ndarray:
     m = np.minimum(c, k)                  # last position below the cap
     below = np.where(m >= a, (a + m) * (m - a + 1.0) / 2.0, 0.0)
     above = k * np.maximum(0.0, c - np.maximum(a - 1.0, k))
+    return below + above
+
+
+def _capped_sum_one(n: float, c: float, limit: int | None) -> float:
+    """`_capped_sum` for one sequence, in Python floats (same operations, same order)."""
+    if limit is None:
+        return n * c - n * (n - 1.0) / 2.0
+    k = float(limit)
+    a = c - n + 1.0
+    m = min(c, k)
+    below = (a + m) * (m - a + 1.0) / 2.0 if m >= a else 0.0
+    above = k * max(0.0, c - max(a - 1.0, k))
     return below + above
 
 
