@@ -535,3 +535,43 @@ def test_a_constant_series_has_exactly_that_mean():
     assert _series_stats(t, np.full_like(t, 7.0))["mean"] == 7.0
     # and a step: 1 for the first half of the time, 3 for the second -> 2
     assert _series_stats(np.array([0.0, 1.0, 2.0]), np.array([1.0, 3.0, 0.0]))["mean"] == pytest.approx(2.0)
+
+
+def _light_run(arrival: dict, classes: list, num_requests: int | None = None) -> "object":
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    return simulate.run(scenario_mod.from_dict({
+        "name": "steady", "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+        "slo": "ttft:p99<5s", "traffic": {"arrival": arrival, "classes": classes,
+                                          **({"num_requests": num_requests} if num_requests else {})}}, "t"))
+
+
+def test_the_steady_window_of_a_stable_poisson_run_carries_the_offered_rate():
+    """Flow balance: in a stable run what completes per second inside the window is what arrives, a Poisson
+    count of rate x span (4 req/s here; 720 requests in the window: 1 sd about 3.7 %)."""
+    res = _light_run({"process": "poisson", "rate_rps": 4.0},
+                     [{"name": "c", "input_tokens": {"dist": "fixed", "value": 200},
+                       "output_tokens": {"dist": "fixed", "value": 50}}], num_requests=800)
+    st = res.metrics["steady"]
+    t0, t1 = st["window_s"]
+    arrivals = np.sort(res.requests["arrival_s"].to_numpy(float))
+    assert t0 == arrivals[80] and t1 == arrivals[-1]                 # the first tenth is the warm-up
+    assert st["request_throughput_rps"] == pytest.approx(4.0, rel=0.12)
+    assert st["output_throughput_tok_s_per_gpu"] == pytest.approx(50 * st["request_throughput_rps"])
+    assert st["goodput_rps"] == pytest.approx(st["request_throughput_rps"])   # a loose SLO every request meets
+
+
+def test_conversations_offer_their_rate_until_the_last_one_starts():
+    """Sessions at 2/s, 3 turns each 5 s apart: after the last session starts only its later turns come, so
+    the window ends there, and inside it the load is the offered 6 requests/s; the whole-run rate, over the
+    tail as well, is lower."""
+    res = _light_run({"process": "sessions", "rate_sessions_per_s": 2.0, "num_sessions": 150},
+                     [{"name": "chat", "turns": {"dist": "fixed", "value": 3},
+                       "think_time_s": {"dist": "fixed", "value": 5.0},
+                       "input_tokens": {"dist": "fixed", "value": 100}, "output_tokens": {"dist": "fixed", "value": 20}}])
+    req = res.requests
+    st = res.metrics["steady"]
+    assert st["window_s"][1] == req["arrival_s"][req["follows"] < 0].max()
+    assert (req["follows"] >= 0).sum() == 2 * 150 and req.groupby("session").size().eq(3).all()
+    assert st["request_throughput_rps"] == pytest.approx(6.0, rel=0.15)
+    assert res.metrics["request_throughput_rps"] < st["request_throughput_rps"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import numpy as np
 
 import pytest
 import yaml
@@ -115,3 +116,23 @@ def test_the_plan_shows_the_target_traffic_with_and_without_speculation(tmp_path
     assert simulate.run(off).metrics["tpot_ms"]["p90"] == pytest.approx(runs[1]["metrics"]["tpot_ms"]["p90"], rel=1e-9)
     assert "At 3 req/s" in text and "same GPUs, no spec" in text
     assert rec["speculation_by_batch"]["pays_up_to"] >= 1 and "pays up to" in text
+
+
+def test_conversation_evidence_is_judged_at_the_planned_load():
+    """After the last conversation starts only later turns arrive, at a falling load: the SLO verdict
+    leaves them out, as it leaves out the warm-up (the first tenth of arrivals)."""
+    from capacity.sim.metrics import parse_slos
+    from capacity.studies.plan import _simulate, judge
+    run = _simulate({"name": "s", "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B"},
+                     "slo": "ttft:p99<5s",
+                     "traffic": {"arrival": {"process": "sessions", "rate_sessions_per_s": 2.0, "num_sessions": 100},
+                                 "classes": [{"name": "chat", "turns": {"dist": "fixed", "value": 3},
+                                              "think_time_s": {"dist": "fixed", "value": 5.0},
+                                              "input_tokens": {"dist": "fixed", "value": 100},
+                                              "output_tokens": {"dist": "fixed", "value": 20}}]}})
+    req = run["requests"]
+    arrival = np.sort(req["arrival_s"].to_numpy(float))
+    last_start = req["arrival_s"][req["follows"] < 0].max()
+    expected = int(((req["arrival_s"] >= arrival[30]) & (req["arrival_s"] <= last_start)).sum())
+    verdict = judge(run, parse_slos("ttft:p99<5s"))
+    assert verdict["steady_requests"] == expected < 300 - 30

@@ -438,7 +438,7 @@ def _load_plan(folder: Path) -> Report:
         if m:
             rep.summary.append(
                 f"At {_f(rec.get('target_rate_rps'), '{:g}')} req/s, {run.get('label')} ({run.get('config')}, {run.get('gpus')} GPUs): "
-                f"output {_f(m.get('output_throughput_tok_s_per_gpu'), '{:,.0f}')} tok/s per GPU, "
+                f"output {_f(m.get('steady.output_throughput_tok_s_per_gpu'), '{:,.0f}')} tok/s per GPU (steady), "
                 f"TTFT p99 {_f(_get(m, 'ttft_ms', 'p99'), '{:,.0f}')} ms, TPOT p90 {_f(_get(m, 'tpot_ms', 'p90'))} ms, "
                 f"{_f(_get(m, 'tok_s_per_user', 'p50'))} tok/s per user (median), SLOs "
                 f"{'met' if run.get('slo_met') else 'missed'}")

@@ -359,6 +359,49 @@ def _stats(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float | None
     return {s: found[s] if s in found else _stat(values, s) for s in stats}
 
 
+STEADY_WARMUP_FRACTION = 0.1   # the plan's warm-up (studies/plan.py WARMUP_FRACTION): the first tenth of arrivals
+
+
+def steady_window(df: pd.DataFrame, num_gpus: int) -> dict[str, Any]:
+    """Rates at the offered load, over the window from the arrival that ends the warm-up (the first
+    STEADY_WARMUP_FRACTION of arrivals) to the last arrival (for conversations the last first turn:
+    later turns then come from fewer and fewer sessions), counting what completes inside it: in a
+    stable run these are the traffic's own rates. vLLM's whole-run rates divide by the duration to the
+    last completion, which for conversations includes the tail of the longest sessions' later turns at
+    a trickle of load (not a vLLM definition: `vllm bench serve` reports the whole-run ones)."""
+    arrival = np.sort(df["arrival_s"].to_numpy(float))
+    arrival = arrival[~np.isnan(arrival)]
+    if arrival.size < 2:
+        return {"window_s": None, "request_throughput_rps": None, "output_throughput_tok_s_per_gpu": None,
+                "goodput_rps": None}
+    t0, t1 = float(arrival[int(arrival.size * STEADY_WARMUP_FRACTION)]), float(arrival[-1])
+    if "follows" in df.columns:   # conversations: the load is offered until the last conversation starts
+        first = df["arrival_s"].to_numpy(float)[df["follows"].to_numpy() < 0]
+        first = first[~np.isnan(first)]
+        if first.size:
+            t1 = float(first.max())
+    out = {"window_s": [t0, t1], "request_throughput_rps": None, "output_throughput_tok_s_per_gpu": None,
+           "goodput_rps": None}
+    if t1 <= t0:
+        return out
+    done = df[df["completed"]]
+    finish = done["finish_s"].to_numpy(float)
+    inside = (finish >= t0) & (finish <= t1)
+    span = t1 - t0
+    out["request_throughput_rps"] = float(inside.sum()) / span
+    out["output_throughput_tok_s_per_gpu"] = float(done["output_tokens"].to_numpy(float)[inside].sum()) / span / max(num_gpus, 1)
+    return out
+
+
+def _steady_rate(done: pd.DataFrame, good: np.ndarray, steady: dict[str, Any]) -> float | None:
+    """Requests meeting every SLO that complete inside the steady window, per second."""
+    if not steady.get("window_s") or steady["request_throughput_rps"] is None:
+        return None
+    t0, t1 = steady["window_s"]
+    finish = done["finish_s"].to_numpy(float)
+    return float(np.sum(good & (finish >= t0) & (finish <= t1))) / (t1 - t0)
+
+
 def _series_stats(t_s: np.ndarray, x: np.ndarray) -> dict[str, float | None]:
     """Time-weighted mean (each sample holds until the next) and max of a sampled series.
 
@@ -645,6 +688,7 @@ def summarize(
         "preemptions": base["preemptions"],
         "stable": stable,
         "stability_note": note,
+        "steady": steady_window(df, run.num_gpus),
     }
 
     per_class = len(names) > 1
@@ -684,6 +728,7 @@ def summarize(
                 row["class"] = slo.class_name
             rows.append(row)
         result["goodput_rps"] = int(np.sum(good)) / duration_s
+        result["steady"]["goodput_rps"] = _steady_rate(done, good, result["steady"])
         result["slo"] = rows
         result["slo_met"] = bool(all(r["met"] for r in rows) and stable)
 

@@ -516,4 +516,7 @@ def _request_frame(cluster: Cluster, stream: RequestStream) -> pd.DataFrame:
         "spec_steps": t.spec_steps,
         "rejected": cluster.rejected,
         **({"cached_tokens": t.cached_tokens} if cluster.replicas[0].counters is not None else {}),
+        # conversations: the session of each request and the previous turn it follows (-1: a first turn)
+        **({"session": np.asarray(stream.session), "follows": np.asarray(stream.follows)}
+           if stream.session is not None else {}),
     })

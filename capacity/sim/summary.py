@@ -163,26 +163,34 @@ def per_class_lines(per_class: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+# "steady.<key>": the rate over the steady window (metrics.steady_window: after the warm-up, up to the last
+# arrival), the offered load's rate; the whole-run rate of conversations is diluted by their tail
 COMPARISON_ROWS = (
-    ("output tok/s per GPU", "output_throughput_tok_s_per_gpu", None, "{:,.0f}"),
+    ("output tok/s per GPU (steady)", "steady.output_throughput_tok_s_per_gpu", None, "{:,.0f}"),
     ("TTFT p50 / p99 ms", "ttft_ms", ("p50", "p99"), "{:,.0f}"),
     ("TPOT p50 / p90 ms", "tpot_ms", ("p50", "p90"), "{:.1f}"),
     ("E2E p50 / p90 ms", "e2e_ms", ("p50", "p90"), "{:,.0f}"),
     ("tok/s per user p50 / p10", "tok_s_per_user", ("p50", "p10"), "{:.1f}"),
-    ("goodput req/s", "goodput_rps", None, "{:.2f}"),
+    ("goodput req/s (steady)", "steady.goodput_rps", None, "{:.2f}"),
 )
+
+
+def _metric(m: dict[str, Any], key: str) -> Any:
+    if key.startswith("steady."):
+        return (m.get("steady") or {}).get(key[len("steady."):])
+    return m.get(key)
 
 
 def comparison_metrics(m: dict[str, Any]) -> dict[str, Any]:
     """The metrics `metrics_table` shows (a small JSON-able subset of a run's metrics)."""
-    return {key: m.get(key) for _, key, _, _ in COMPARISON_ROWS}
+    return {key: _metric(m, key) for _, key, _, _ in COMPARISON_ROWS}
 
 
 def metrics_table(title: str, columns: list[tuple[str, dict[str, Any]]], width: int = 22) -> list[str]:
     """Runs side by side, one column per (heading, metrics)."""
 
     def cell(m, key, stats, fmt):
-        v = m.get(key)
+        v = m.get(key) if key in m else _metric(m, key)
         if stats:
             vals = [v.get(s) if v else None for s in stats]
             return " / ".join(_num(x, fmt[2:-1]) for x in vals)

@@ -559,7 +559,7 @@ def _binomial_cdf(n: int, p: float) -> np.ndarray:
 
 def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
     """The SLO verdict of an evidence run: each SLO's achieved value over the steady-state requests
-    (warm-up left out), its confidence interval and the margin to the threshold with its ±, and
+    (warm-up left out; for conversations also the turns sent after the last conversation started), its confidence interval and the margin to the threshold with its ±, and
     `ok`: the run's own verdict (stable, every SLO met over the whole run, as `capacity simulate`
     says) and every SLO met in the steady state."""
     from capacity.sim.metrics import per_request_frame
@@ -569,6 +569,12 @@ def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
     df = per_request_frame(run["requests"])
     df = df[~np.isnan(df["arrival_s"].to_numpy(float))].sort_values("arrival_s", kind="stable")
     steady = df.iloc[int(len(df) * WARMUP_FRACTION):]
+    if "follows" in steady.columns:
+        # conversations: after the last one starts, later turns come from fewer and fewer sessions, at a
+        # load below the planned rate; judge the requests sent up to then (metrics.steady_window)
+        first = df["arrival_s"].to_numpy(float)[df["follows"].to_numpy() < 0]
+        if first.size:
+            steady = steady[steady["arrival_s"].to_numpy(float) <= first.max()]
     steady = steady[steady["completed"]]
     col = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms", "tok_s_per_user": "tok_s_per_user"}
     rows, ok = [], bool(run.get("ok"))
