@@ -79,3 +79,17 @@ def test_a_recipe_turns_async_scheduling_on_for_a_release_that_predates_its_defa
     old = rows[(rows.gpu == "H100") & (rows.framework_version == "vllm/vllm-openai:v0.11.2")].iloc[0].to_dict()
     sc = row_scenario(old)[0]
     assert sc.get("engine", {}).get("async_scheduling", True) is True
+
+
+def test_a_closed_loop_that_lost_its_requests_is_not_modelled(rows):
+    """Little's law, L = lambda W: a closed loop of C users has C requests in flight, so rate x E2E is
+    C (the shipped rows: median 0.98 C). Six H100 gpt-oss-120b rows at concurrency 512 hold 21-84 (TTFT
+    20-120 s at TPOT 5 ms): their requests failed or timed out. Every other shipped closed loop passes."""
+    from capacity.measurements.row_scenario import LITTLE_VIOLATED, little_in_flight
+    closed = rows[rows.load_type.astype(str).str.contains("closed")]
+    lost = [r for r in closed.to_dict(orient="records") if row_scenario(r)[1] == LITTLE_VIOLATED]
+    assert len(lost) == 6 and {(r["gpu"], r["model"], int(float(r["concurrency_or_qps"]))) for r in lost} == {
+        ("H100", "gpt-oss-120b", 512)}
+    # one by hand: 2 x 343.06 tok/s per GPU over 0.9 x 1024 output tokens, x 29.2 s E2E = 21.7 in flight
+    r = next(r for r in lost if float(r["tp"]) == 2 and float(r["osl"]) == 1024 and float(r["isl"]) == 1024)
+    assert little_in_flight(r, 0.9 * 1024) == pytest.approx(2 * 343.0583 / (0.9 * 1024) * 29.2011897, rel=1e-3)

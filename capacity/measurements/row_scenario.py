@@ -35,6 +35,26 @@ POISSON_REQUESTS = 400     # assumed for Poisson rows that do not state their pr
 # Skip reasons no simulator could get past: the row measures nothing it predicts, or states no load.
 NOTHING_TO_PREDICT = "no measured column the simulator predicts"
 LOAD_NOT_STATED = "tp, isl, osl or load not stated"
+# A closed loop of C users keeps C requests in flight, so by Little's law (L = lambda W) its request
+# rate times its mean E2E latency is C, less only the ramp at its ends (the shipped InferenceX rows:
+# median 0.98 C with their mean output length). A row far below it lost requests (failed or timed
+# out, which `vllm bench serve` leaves out of every rate): its rates are not the stated load's.
+LITTLE_MIN_FRACTION = 0.5
+LITTLE_VIOLATED = ("closed loop whose rate x E2E holds under half its concurrency in flight (Little's law): "
+                   "requests failed or timed out, so its rates are not that load's")
+
+
+def little_in_flight(row: dict[str, Any], mean_output_tokens: float) -> float:
+    """Requests in flight a closed-loop row's own figures imply: output rate / mean output length x E2E
+    (the median E2E where that is what the row states; TTFT + (output - 1) x TPOT without one); NaN
+    where a figure is missing."""
+    total = parse_float(row.get("output_tok_s_total"))
+    if math.isnan(total):
+        total = parse_float(row.get("output_tok_s_per_gpu")) * parse_float(row.get("num_gpus"))
+    e2e_ms = parse_float(row.get("e2e_ms"))
+    if math.isnan(e2e_ms):
+        e2e_ms = parse_float(row.get("ttft_ms")) + (mean_output_tokens - 1) * parse_float(row.get("tpot_ms"))
+    return total / mean_output_tokens * e2e_ms / 1000.0
 SPEC_WITHOUT_ACCEPTANCE = ("speculative row needs num_spec_tokens and acceptance_length "
                            "(the drafter's mean accepted length) to be predicted")
 SPEC_NOT_FITTED = "speculative rows are not used to fit the serving efficiencies"
@@ -124,6 +144,11 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
         return None, f"load type '{row['load_type']}' is not modelled"
     if "closed" in load_type or "concurrency" in load_type:
         c = int(load)
+        out = lengths["output_tokens"]
+        in_flight = little_in_flight(row, (out["low"] + out["high"]) / 2.0 if out.get("dist") == "uniform"
+                                     else float(out.get("value", osl)))
+        if in_flight < LITTLE_MIN_FRACTION * c:
+            return None, LITTLE_VIOLATED
         n = int(num_prompts) if num_prompts > 0 else prompts_per_user * c
         traffic = {"arrival": {"process": "closed_loop", "concurrency": c}, "num_requests": n}
     elif "poisson" in load_type or "gamma" in load_type:
