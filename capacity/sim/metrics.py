@@ -359,7 +359,20 @@ def _stats(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float | None
     return {s: found[s] if s in found else _stat(values, s) for s in stats}
 
 
-STEADY_WARMUP_FRACTION = 0.1   # the plan's warm-up (studies/plan.py WARMUP_FRACTION): the first tenth of arrivals
+# The warm-up left out of steady-state figures (the plan's SLO verdicts too): the first tenth of arrivals,
+# while the replicas fill (assumed; studies/plan.py states the reasoning with `evidence_requests`)
+STEADY_WARMUP_FRACTION = 0.1
+
+
+def offered_until_s(df: pd.DataFrame) -> float:
+    """When the traffic stops arriving at its planned rate: the last arrival, or for conversations
+    (a `follows` column) the last conversation's start, after which only later turns of fewer and
+    fewer sessions come. NaN without arrivals."""
+    arrival = df["arrival_s"].to_numpy(float)
+    if "follows" in df.columns:
+        arrival = arrival[df["follows"].to_numpy() < 0]
+    arrival = arrival[~np.isnan(arrival)]
+    return float(arrival.max()) if arrival.size else float("nan")
 
 
 def steady_window(df: pd.DataFrame, num_gpus: int) -> dict[str, Any]:
@@ -374,12 +387,7 @@ def steady_window(df: pd.DataFrame, num_gpus: int) -> dict[str, Any]:
     if arrival.size < 2:
         return {"window_s": None, "request_throughput_rps": None, "output_throughput_tok_s_per_gpu": None,
                 "goodput_rps": None}
-    t0, t1 = float(arrival[int(arrival.size * STEADY_WARMUP_FRACTION)]), float(arrival[-1])
-    if "follows" in df.columns:   # conversations: the load is offered until the last conversation starts
-        first = df["arrival_s"].to_numpy(float)[df["follows"].to_numpy() < 0]
-        first = first[~np.isnan(first)]
-        if first.size:
-            t1 = float(first.max())
+    t0, t1 = float(arrival[int(arrival.size * STEADY_WARMUP_FRACTION)]), offered_until_s(df)
     out = {"window_s": [t0, t1], "request_throughput_rps": None, "output_throughput_tok_s_per_gpu": None,
            "goodput_rps": None}
     if t1 <= t0:

@@ -55,7 +55,7 @@ from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import load_gpu
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
-from capacity.sim.metrics import parse_slos
+from capacity.sim.metrics import STEADY_WARMUP_FRACTION, parse_slos
 from capacity.spec.methods import NO_SPECULATION, find_method, list_methods
 from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
@@ -512,7 +512,7 @@ def _check_simulated(cands: list[Candidate]) -> None:
 # from empty: assumed, not measured) are left out of the percentiles that judge the SLOs, and a run
 # is long enough for the highest percentile it judges to rest on about ten requests past it
 # (p99: 1,000 steady-state completions).
-WARMUP_FRACTION = 0.1
+WARMUP_FRACTION = STEADY_WARMUP_FRACTION
 _TAIL_SAMPLES = 10
 CONFIDENCE = 0.95
 # At most this many simulated candidates are confirmed as whole clusters (best first); the
@@ -562,19 +562,15 @@ def judge(run: dict[str, Any], slos: list) -> dict[str, Any]:
     (warm-up left out; for conversations also the turns sent after the last conversation started), its confidence interval and the margin to the threshold with its ±, and
     `ok`: the run's own verdict (stable, every SLO met over the whole run, as `capacity simulate`
     says) and every SLO met in the steady state."""
-    from capacity.sim.metrics import per_request_frame
+    from capacity.sim.metrics import offered_until_s, per_request_frame
 
     if not run.get("metrics") or run.get("requests") is None:
         return {"ok": False, "slo": [], "steady_requests": 0}
     df = per_request_frame(run["requests"])
     df = df[~np.isnan(df["arrival_s"].to_numpy(float))].sort_values("arrival_s", kind="stable")
     steady = df.iloc[int(len(df) * WARMUP_FRACTION):]
-    if "follows" in steady.columns:
-        # conversations: after the last one starts, later turns come from fewer and fewer sessions, at a
-        # load below the planned rate; judge the requests sent up to then (metrics.steady_window)
-        first = df["arrival_s"].to_numpy(float)[df["follows"].to_numpy() < 0]
-        if first.size:
-            steady = steady[steady["arrival_s"].to_numpy(float) <= first.max()]
+    # conversations: after the last one starts the load falls below the planned rate (metrics.offered_until_s)
+    steady = steady[steady["arrival_s"].to_numpy(float) <= offered_until_s(df)]
     steady = steady[steady["completed"]]
     col = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2e": "e2e_ms", "tok_s_per_user": "tok_s_per_user"}
     rows, ok = [], bool(run.get("ok"))
@@ -959,7 +955,7 @@ def _with_and_without(base: dict[str, Any], best: Candidate, ranked: list[Candid
     return out
 
 
-_WITHOUT_EXTRA_REPLICAS = 2
+_WITHOUT_EXTRA_REPLICAS = 2   # assumed: a probe that misses by more is reported as missing, not searched further
 
 
 def _without_at_target(without: dict[str, Any] | None, comparison: list[dict[str, Any]]) -> dict[str, Any] | None:
