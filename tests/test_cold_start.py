@@ -22,3 +22,19 @@ def test_loading_a_scenario_and_drawing_synthetic_traffic_import_no_pandas() -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_the_default_simulation_and_its_summary_import_no_pandas() -> None:
+    """`capacity simulate` on the default scenario: the metrics are computed on numpy columns
+    (metrics.Columns); pandas comes in only when someone asks for the `requests` DataFrame."""
+    code = ("import sys, io, contextlib\nfrom capacity.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['simulate', '--json'])\n"
+            "print('pandas' in sys.modules)\n"
+            "from capacity.inputs import scenario\nfrom capacity.sim import simulate\n"
+            "res = simulate.run(scenario.load(None, ['traffic.arrival.num_sessions=20']))\n"
+            "df = res.requests\n"
+            "print('pandas' in sys.modules, list(df.columns) == res.request_columns.names, len(df) == len(res.request_columns))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["False", "True True True"]

@@ -575,3 +575,23 @@ def test_conversations_offer_their_rate_until_the_last_one_starts():
     assert (req["follows"] >= 0).sum() == 2 * 150 and req.groupby("session").size().eq(3).all()
     assert st["request_throughput_rps"] == pytest.approx(6.0, rel=0.15)
     assert res.metrics["request_throughput_rps"] < st["request_throughput_rps"]
+
+
+def test_columns_and_a_dataframe_give_the_same_metrics():
+    """The simulator hands `summarize` numpy columns (metrics.Columns, no pandas on its path); a
+    DataFrame of the same records gives the same summary, number for number."""
+    from capacity.sim.metrics import Columns, per_request
+
+    frame = tiny_requests()
+    cols = Columns({c: frame[c].to_numpy() for c in frame.columns})
+    slos = parse_slos("ttft:p99<2s;tpot[code]:p90<300ms")
+    assert json.dumps(summarize(cols, TINY_ITL_S, tiny_run(), slos)) == \
+        json.dumps(summarize(frame, TINY_ITL_S, tiny_run(), slos))
+    added = per_request(cols)
+    df = per_request_frame(frame)
+    for name in ("completed", "ttft_ms", "tpot_ms", "e2e_ms", "queue_delay_ms", "tok_s_per_user"):
+        np.testing.assert_array_equal(added[name], df[name].to_numpy())
+    # a boolean mask selects rows of every column; a scalar column is broadcast
+    chat = cols[cols["class_name"] == "chat"]
+    assert len(chat) == 2 and chat["request_id"].tolist() == [0, 1]
+    assert Columns({"a": np.arange(3), "b": ""})["b"].tolist() == ["", "", ""]

@@ -114,14 +114,14 @@ def test_pooled_numbers_unchanged_by_the_per_class_feature(run_two, monkeypatch)
     the same pooled metrics, bit for bit; and they are numpy's numbers on the whole frame."""
     slo = "ttft:p99<2s;tpot:p90<30ms;e2e:p50<10s"
     with_classes = simulate.run(two_class(slo)).metrics
-    frame = simulate._request_frame
+    frame = simulate._request_columns
 
     def one_class(cluster, stream):
         df = frame(cluster, stream)
-        df["class_name"] = "all"
+        df["class_name"] = np.full(len(df), "all", dtype=object)
         return df
 
-    monkeypatch.setattr(simulate, "_request_frame", one_class)
+    monkeypatch.setattr(simulate, "_request_columns", one_class)
     pooled_only = simulate.run(two_class(slo)).metrics
     assert "per_class" not in pooled_only
     per_class = with_classes.pop("per_class")

@@ -43,16 +43,20 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping, Union
 
 import numpy as np
-import pandas as pd
 
 from capacity.errors import CapacityError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "RunInfo",
     "Slo",
+    "Columns",
+    "columns",
     "parse_slos",
     "per_request_frame",
     "summarize",
@@ -82,6 +86,61 @@ _REQUIRED_COLUMNS = (
     "output_tokens",
     "num_preemptions",
 )
+
+class Columns:
+    """Per-request records as named numpy columns of one length: the few DataFrame operations the
+    metrics need (a column by name, the rows of a boolean mask, adding a column), so the simulate
+    path does not import pandas (about a third of a cold start). Any frame or mapping of columns is
+    read through `columns()`."""
+
+    __slots__ = ("_data", "_n")
+
+    def __init__(self, data: Mapping[str, Any], n: int | None = None) -> None:
+        if n is None:
+            n = len(next(iter(data.values()))) if data else 0
+        self._n = n
+        self._data = {k: v if isinstance(v, np.ndarray) and v.ndim == 1 and len(v) == n
+                      else np.full(n, v, dtype=object) if np.ndim(v) == 0 else np.asarray(v)
+                      for k, v in data.items()}
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._data
+
+    def __getitem__(self, key: "str | np.ndarray") -> Any:
+        if isinstance(key, str):
+            return self._data[key]
+        rows = {k: v[key] for k, v in self._data.items()}
+        return Columns(rows, len(next(iter(rows.values()))) if rows else 0)
+
+    def __setitem__(self, name: str, values: np.ndarray) -> None:
+        self._data[name] = np.asarray(values)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._data)
+
+    def copy(self) -> "Columns":
+        return Columns(dict(self._data), self._n)
+
+    def to_frame(self) -> "pd.DataFrame":
+        import pandas as pd                     # only here: a frame is built on demand
+        return pd.DataFrame(self._data)
+
+
+Requests = Union[Columns, "pd.DataFrame", Mapping[str, Any]]
+
+
+def columns(requests: Requests) -> Columns:
+    """`requests` (Columns, a pandas DataFrame or a mapping of column name to values) as Columns."""
+    if isinstance(requests, Columns):
+        return requests
+    if hasattr(requests, "columns") and hasattr(requests, "to_numpy"):       # a pandas DataFrame
+        return Columns({str(c): requests[c].to_numpy() for c in requests.columns}, len(requests))
+    return Columns(dict(requests))
+
 
 # Stability thresholds (assumptions, see `assess_stability`).
 MIN_GROWTH_REQUESTS = 5.0
@@ -274,36 +333,49 @@ def _parse_one_slo(part: str) -> Slo:
                unit=unit if metric in LATENCY_METRICS else "tok/s")
 
 
-def _check_requests(requests: pd.DataFrame) -> None:
-    missing = [c for c in _REQUIRED_COLUMNS if c not in requests.columns]
+def _check_requests(requests: Columns) -> None:
+    missing = [c for c in _REQUIRED_COLUMNS if c not in requests]
     if missing:
         raise CapacityError(f"requests frame lacks columns {missing}; the simulator must record them")
     if len(requests) == 0:
         raise CapacityError("the run produced no requests; raise the horizon or the request rate")
-    arrival = requests["arrival_s"].to_numpy(float)
+    arrival = np.asarray(requests["arrival_s"], dtype=float)
     if np.isnan(arrival).all():
         raise CapacityError("no request was sent (all arrival_s are NaN); raise the horizon or the request rate")
-    finish = requests["finish_s"].to_numpy(float)
-    first = requests["first_token_s"].to_numpy(float)
+    finish = np.asarray(requests["finish_s"], dtype=float)
+    first = np.asarray(requests["first_token_s"], dtype=float)
     done = ~np.isnan(finish)
     out_of_order = done & (np.isnan(first) | (first < arrival) | (finish < first))
     if out_of_order.any():
         i = int(np.flatnonzero(out_of_order)[0])
-        rid = requests["request_id"].iloc[i] if "request_id" in requests.columns else i
+        rid = requests["request_id"][i] if "request_id" in requests else i
         raise CapacityError(
             f"request {rid} has timestamps out of order (need arrival <= first token <= finish); "
             "this is a simulator bug"
         )
 
 
-def _sent(requests: pd.DataFrame) -> pd.DataFrame:
+def _sent(requests: Columns) -> Columns:
     """Requests that were sent (arrival_s known); a closed loop cut at its horizon leaves the
     rest unsent, and like vLLM's client we do not count requests that were never issued."""
-    arrival = requests["arrival_s"].to_numpy(float)
+    arrival = np.asarray(requests["arrival_s"], dtype=float)
     return requests if not np.isnan(arrival).any() else requests[~np.isnan(arrival)]
 
 
-def per_request_frame(requests: pd.DataFrame) -> pd.DataFrame:
+def per_request_frame(requests: "pd.DataFrame") -> "pd.DataFrame":
+    """Copy of the `requests` frame with per-request metrics added (NaN where a metric is undefined):
+    `per_request` as a DataFrame."""
+    df = requests.copy()
+    added = per_request(columns(requests))
+    for name in _PER_REQUEST_COLUMNS:
+        df[name] = added[name]
+    return df
+
+
+_PER_REQUEST_COLUMNS = ("completed", "ttft_ms", "tpot_ms", "e2e_ms", "queue_delay_ms", "tok_s_per_user")
+
+
+def per_request(requests: Requests) -> Columns:
     """Copy of `requests` with per-request metrics added (NaN where a metric is undefined).
 
     ttft_ms = first_token - arrival; e2e_ms = finish - arrival;
@@ -311,12 +383,12 @@ def per_request_frame(requests: pd.DataFrame) -> pd.DataFrame:
     output token (vLLM `calculate_metrics`); queue_delay_ms = first_scheduled - arrival;
     tok_s_per_user = 1000 / tpot_ms; completed = finish_s is known.
     """
-    _check_requests(requests)
-    df = requests.copy()
-    arrival = df["arrival_s"].to_numpy(float)
-    first = df["first_token_s"].to_numpy(float)
-    finish = df["finish_s"].to_numpy(float)
-    out = df["output_tokens"].to_numpy(float)
+    df = columns(requests).copy()
+    _check_requests(df)
+    arrival = np.asarray(df["arrival_s"], dtype=float)
+    first = np.asarray(df["first_token_s"], dtype=float)
+    finish = np.asarray(df["finish_s"], dtype=float)
+    out = np.asarray(df["output_tokens"], dtype=float)
     completed = ~np.isnan(finish)
     ttft_ms = (first - arrival) * 1000.0
     e2e_ms = (finish - arrival) * 1000.0
@@ -329,7 +401,7 @@ def per_request_frame(requests: pd.DataFrame) -> pd.DataFrame:
     df["ttft_ms"] = ttft_ms
     df["tpot_ms"] = tpot_ms
     df["e2e_ms"] = e2e_ms
-    df["queue_delay_ms"] = (df["first_scheduled_s"].to_numpy(float) - arrival) * 1000.0
+    df["queue_delay_ms"] = (np.asarray(df["first_scheduled_s"], dtype=float) - arrival) * 1000.0
     df["tok_s_per_user"] = tok_s
     return df
 
@@ -364,25 +436,27 @@ def _stats(values: np.ndarray, stats: tuple[str, ...]) -> dict[str, float | None
 STEADY_WARMUP_FRACTION = 0.1
 
 
-def offered_until_s(df: pd.DataFrame) -> float:
+def offered_until_s(requests: Requests) -> float:
     """When the traffic stops arriving at its planned rate: the last arrival, or for conversations
     (a `follows` column) the last conversation's start, after which only later turns of fewer and
     fewer sessions come. NaN without arrivals."""
-    arrival = df["arrival_s"].to_numpy(float)
-    if "follows" in df.columns:
-        arrival = arrival[df["follows"].to_numpy() < 0]
+    df = columns(requests)
+    arrival = np.asarray(df["arrival_s"], dtype=float)
+    if "follows" in df:
+        arrival = arrival[np.asarray(df["follows"]) < 0]
     arrival = arrival[~np.isnan(arrival)]
     return float(arrival.max()) if arrival.size else float("nan")
 
 
-def steady_window(df: pd.DataFrame, num_gpus: int) -> dict[str, Any]:
+def steady_window(requests: Requests, num_gpus: int) -> dict[str, Any]:
     """Rates at the offered load, over the window from the arrival that ends the warm-up (the first
     STEADY_WARMUP_FRACTION of arrivals) to the last arrival (for conversations the last first turn:
     later turns then come from fewer and fewer sessions), counting what completes inside it: in a
     stable run these are the traffic's own rates. vLLM's whole-run rates divide by the duration to the
     last completion, which for conversations includes the tail of the longest sessions' later turns at
     a trickle of load (not a vLLM definition: `vllm bench serve` reports the whole-run ones)."""
-    arrival = np.sort(df["arrival_s"].to_numpy(float))
+    df = columns(requests)
+    arrival = np.sort(np.asarray(df["arrival_s"], dtype=float))
     arrival = arrival[~np.isnan(arrival)]
     if arrival.size < 2:
         return {"window_s": None, "request_throughput_rps": None, "output_throughput_tok_s_per_gpu": None,
@@ -392,21 +466,21 @@ def steady_window(df: pd.DataFrame, num_gpus: int) -> dict[str, Any]:
            "goodput_rps": None}
     if t1 <= t0:
         return out
-    done = df[df["completed"]]
-    finish = done["finish_s"].to_numpy(float)
+    done = df[np.asarray(df["completed"], dtype=bool)]
+    finish = np.asarray(done["finish_s"], dtype=float)
     inside = (finish >= t0) & (finish <= t1)
     span = t1 - t0
     out["request_throughput_rps"] = float(inside.sum()) / span
-    out["output_throughput_tok_s_per_gpu"] = float(done["output_tokens"].to_numpy(float)[inside].sum()) / span / max(num_gpus, 1)
+    out["output_throughput_tok_s_per_gpu"] = float(np.asarray(done["output_tokens"], dtype=float)[inside].sum()) / span / max(num_gpus, 1)
     return out
 
 
-def _steady_rate(done: pd.DataFrame, good: np.ndarray, steady: dict[str, Any]) -> float | None:
+def _steady_rate(done: Columns, good: np.ndarray, steady: dict[str, Any]) -> float | None:
     """Requests meeting every SLO that complete inside the steady window, per second."""
     if not steady.get("window_s") or steady["request_throughput_rps"] is None:
         return None
     t0, t1 = steady["window_s"]
-    finish = done["finish_s"].to_numpy(float)
+    finish = np.asarray(done["finish_s"], dtype=float)
     return float(np.sum(good & (finish >= t0) & (finish <= t1))) / (t1 - t0)
 
 
@@ -429,23 +503,23 @@ def _series_stats(t_s: np.ndarray, x: np.ndarray) -> dict[str, float | None]:
     return {"mean": mean, "max": float(np.max(v))}
 
 
-def in_system_at(requests: pd.DataFrame, t_s: np.ndarray) -> np.ndarray:
+def in_system_at(requests: Requests, t_s: np.ndarray) -> np.ndarray:
     """Number of requests in the system (arrived, not finished) at each time in t_s.
 
     A request is in the system on [arrival_s, finish_s); an unfinished request (NaN finish) stays
     in the system.  Vectorised with searchsorted on the sorted arrival and finish times.
     """
     t = np.asarray(t_s, dtype=float)
-    requests = _sent(requests)
-    arrivals = np.sort(requests["arrival_s"].to_numpy(float))
-    finishes = requests["finish_s"].to_numpy(float)
+    requests = _sent(columns(requests))
+    arrivals = np.sort(np.asarray(requests["arrival_s"], dtype=float))
+    finishes = np.asarray(requests["finish_s"], dtype=float)
     finishes = np.sort(finishes[~np.isnan(finishes)])
     arrived = np.searchsorted(arrivals, t, side="right")
     left = np.searchsorted(finishes, t, side="right")
     return (arrived - left).astype(float)
 
 
-def mean_in_system(requests: pd.DataFrame, t0: float, t1: float) -> float:
+def mean_in_system(requests: Requests, t0: float, t1: float) -> float:
     """Time-average number of requests in the system over [t0, t1] (exact, not sampled).
 
     Integral of the in-system count = sum over requests of the overlap of [arrival, finish) with
@@ -454,15 +528,15 @@ def mean_in_system(requests: pd.DataFrame, t0: float, t1: float) -> float:
     """
     if not t1 > t0:
         raise CapacityError(f"mean_in_system needs t1 > t0, got t0={t0}, t1={t1}")
-    requests = _sent(requests)
-    arrival = requests["arrival_s"].to_numpy(float)
-    finish = requests["finish_s"].to_numpy(float)
+    requests = _sent(columns(requests))
+    arrival = np.asarray(requests["arrival_s"], dtype=float)
+    finish = np.asarray(requests["finish_s"], dtype=float)
     finish = np.where(np.isnan(finish), np.inf, finish)
     overlap = np.minimum(finish, t1) - np.maximum(arrival, t0)
     return float(np.sum(np.clip(overlap, 0.0, None)) / (t1 - t0))
 
 
-def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
+def assess_stability(requests: Requests, run: RunInfo) -> tuple[bool, str]:
     """Decide whether the run reached a steady state or its queue grows without bound.
 
     Open loop (run.offered_rate_rps set): over the second half H of [start_s,
@@ -487,10 +561,11 @@ def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
       called unstable;
     * 1 % unfinished: a drained stable run leaves none; a horizon cut leaves about L of N.
     """
+    requests = columns(requests)
     _check_requests(requests)
     requests = _sent(requests)
     n = len(requests)
-    finish = requests["finish_s"].to_numpy(float)
+    finish = np.asarray(requests["finish_s"], dtype=float)
     unfinished = int(np.sum(np.isnan(finish) | (finish > run.end_s)))
     unfinished_frac = unfinished / n
     notes: list[str] = []
@@ -513,7 +588,7 @@ def assess_stability(requests: pd.DataFrame, run: RunInfo) -> tuple[bool, str]:
     t0 = run.start_s
     t1 = run.arrival_window_end_s
     if t1 is None:
-        t1 = float(np.max(requests["arrival_s"].to_numpy(float)))
+        t1 = float(np.max(np.asarray(requests["arrival_s"], dtype=float)))
     if t1 > t0:
         mid = 0.5 * (t0 + t1)
         grid = np.linspace(mid, t1, _GROWTH_GRID_POINTS)
@@ -559,25 +634,26 @@ _LAT_STATS = ("mean", "p50", "p90", "p99")
 _USER_STATS = ("mean", "p10", "p50", "p90")
 
 
-def _request_values(done: pd.DataFrame) -> dict[str, np.ndarray]:
+def _request_values(done: Columns) -> dict[str, np.ndarray]:
     """The per-request samples each statistic is taken over (completed requests; TPOT and
     tok_s_per_user only those with more than one output token)."""
-    has_tpot = done["tpot_ms"].notna()
+    tpot = np.asarray(done["tpot_ms"], dtype=float)
+    has_tpot = ~np.isnan(tpot)
     return {
-        "ttft": done["ttft_ms"].to_numpy(float),
-        "tpot": done.loc[has_tpot, "tpot_ms"].to_numpy(float),
-        "e2e": done["e2e_ms"].to_numpy(float),
-        "queue_delay": done["queue_delay_ms"].to_numpy(float),
-        "tok_s_per_user": done.loc[has_tpot, "tok_s_per_user"].to_numpy(float),
+        "ttft": np.asarray(done["ttft_ms"], dtype=float),
+        "tpot": tpot[has_tpot],
+        "e2e": np.asarray(done["e2e_ms"], dtype=float),
+        "queue_delay": np.asarray(done["queue_delay_ms"], dtype=float),
+        "tok_s_per_user": np.asarray(done["tok_s_per_user"], dtype=float)[has_tpot],
     }
 
 
-def _request_stats(df: pd.DataFrame, duration_s: float, num_gpus: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def _request_stats(df: Columns, duration_s: float, num_gpus: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The statistics that follow from the per-request records alone, with one definition for a
     whole run and for one request class (`df`: sent, not refused requests, `per_request_frame`d;
     throughputs over the run's `duration_s` and all its `num_gpus`, so a run's per-class
     throughputs add up to its own).  Returns (statistics, the samples they were taken over)."""
-    done = df[df["completed"]]
+    done = df[np.asarray(df["completed"], dtype=bool)]
     completed = int(len(done))
     total_in = int(done["prompt_tokens"].sum())
     total_out = int(done["output_tokens"].sum())
@@ -609,12 +685,17 @@ def _request_stats(df: pd.DataFrame, duration_s: float, num_gpus: int) -> tuple[
     return stats, values
 
 
-def _class_names(requests: pd.DataFrame) -> list[str]:
+def _class_names(requests: Columns) -> list[str]:
     """The request classes of a run, in order of first appearance (every request, refused and
     unsent ones included)."""
-    if "class_name" not in requests.columns:
+    if "class_name" not in requests:
         return []
-    return [str(c) for c in pd.unique(requests["class_name"].astype(str))]
+    return list(dict.fromkeys(_as_str(requests["class_name"]).tolist()))
+
+
+def _as_str(values: np.ndarray) -> np.ndarray:
+    """A column's values as Python strings (an object array), as pandas' astype(str) gives them."""
+    return np.array([str(v) for v in values.tolist()], dtype=object)
 
 
 def _check_slo_classes(slos: list[Slo], names: list[str]) -> None:
@@ -627,7 +708,7 @@ def _check_slo_classes(slos: list[Slo], names: list[str]) -> None:
 
 
 def summarize(
-    requests: pd.DataFrame,
+    requests: Requests,
     itl_s: np.ndarray,
     run: RunInfo,
     slos: list[Slo] | None = None,
@@ -653,21 +734,22 @@ def summarize(
     the chunk gaps of all requests without saying whose they are, so it cannot be split exactly.
     A one-class run has no `per_class` key.
     """
+    requests = columns(requests)
     names = _class_names(requests)
     if slos:
         _check_slo_classes(slos, names)
     failed = 0
     refused = None
     all_requests = requests
-    if "rejected" in requests.columns:          # refused by the server: outside every statistic (vllm bench serve)
-        refused = requests["rejected"].to_numpy(bool)
+    if "rejected" in requests:          # refused by the server: outside every statistic (vllm bench serve)
+        refused = np.asarray(requests["rejected"], dtype=bool)
         failed = int(refused.sum())
         if failed:
             requests = requests[~refused]
-    df = _sent(per_request_frame(requests))
+    df = _sent(per_request(requests))
     duration_s = float(run.end_s - run.start_s)
     base, values = _request_stats(df, duration_s, run.num_gpus)
-    done = df[df["completed"]]
+    done = df[np.asarray(df["completed"], dtype=bool)]
     completed = base["completed"]
     itl_ms = np.asarray(itl_s, dtype=float).ravel() * 1000.0
     itl_ms = itl_ms[~np.isnan(itl_ms)]
@@ -700,11 +782,11 @@ def summarize(
     }
 
     per_class = len(names) > 1
-    done_class = done["class_name"].astype(str).to_numpy(object) if "class_name" in done.columns else None
+    done_class = _as_str(done["class_name"]) if "class_name" in done else None
     class_values: dict[str, dict[str, np.ndarray]] = {}
     class_stats: dict[str, dict[str, Any]] = {}
     if per_class or (slos and any(s.class_name is not None for s in slos)):
-        df_class = df["class_name"].astype(str).to_numpy(object)
+        df_class = _as_str(df["class_name"])
         for name in names:
             class_stats[name], class_values[name] = _request_stats(df[df_class == name], duration_s, run.num_gpus)
 
@@ -714,10 +796,11 @@ def summarize(
         good = np.ones(completed, dtype=bool)
         # vLLM `all_tpots`: a request with <= 1 output token has TPOT 0 for goodput.
         per_req = {
-            "ttft": done["ttft_ms"].to_numpy(float),
-            "tpot": done["tpot_ms"].fillna(0.0).to_numpy(float),
-            "e2e": done["e2e_ms"].to_numpy(float),
-            "tok_s_per_user": done["tok_s_per_user"].fillna(np.inf).to_numpy(float),
+            "ttft": np.asarray(done["ttft_ms"], dtype=float),
+            "tpot": np.nan_to_num(np.asarray(done["tpot_ms"], dtype=float), nan=0.0, posinf=np.inf, neginf=-np.inf),
+            "e2e": np.asarray(done["e2e_ms"], dtype=float),
+            "tok_s_per_user": np.nan_to_num(np.asarray(done["tok_s_per_user"], dtype=float), nan=np.inf,
+                                            posinf=np.inf, neginf=-np.inf),
         }
         for slo in slos:
             if slo.class_name is None:
@@ -746,7 +829,7 @@ def summarize(
     result["tok_s_per_user_at_median_tpot"] = _json_float(result["tok_s_per_user_at_median_tpot"])
 
     if per_class:
-        refused_class = (all_requests["class_name"].astype(str).to_numpy(object)[refused]
+        refused_class = (_as_str(all_requests["class_name"])[refused]
                          if refused is not None and failed else np.empty(0, dtype=object))
         blocks: dict[str, Any] = {}
         for name in names:

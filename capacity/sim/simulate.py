@@ -8,14 +8,14 @@ statistics.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from capacity.sim import metrics
@@ -31,6 +31,9 @@ from capacity.spec.interface import Speculation
 from capacity.spec.methods import uses_target_hidden_states
 from capacity.cost.step_cost import StepCostModel
 from capacity.inputs.traffic import RequestStream, build_requests
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass
@@ -373,7 +376,7 @@ class Cluster:
 class SimulationResult:
     scenario: Scenario
     deployed: Deployed
-    requests: pd.DataFrame
+    request_columns: metrics.Columns                      # one row per request (`requests`: as a DataFrame)
     metrics: dict[str, Any]
     step_breakdown_s: dict[str, float]
     num_steps: int
@@ -382,6 +385,11 @@ class SimulationResult:
     extras: dict[str, Any] = field(default_factory=dict)   # extra JSON-able sections for the payload
     cluster: Cluster | None = None                        # the simulated cluster (per-step records)
     comparison: "SimulationResult | None" = None          # the same traffic without speculation
+
+    @functools.cached_property
+    def requests(self) -> "pd.DataFrame":
+        """One row per request (`_request_columns`), as a pandas DataFrame (built on first use)."""
+        return self.request_columns.to_frame()
 
     @property
     def stable(self) -> bool:
@@ -432,7 +440,7 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
     for r in cluster.replicas:
         r.flush()                                   # requests still running at the horizon
-    requests = _request_frame(cluster, stream)
+    requests = _request_columns(cluster, stream)
     rec = [r.recorder for r in cluster.replicas]
     itl = np.concatenate([c for r in rec for c in r.itl_chunks]) if any(r.itl_chunks for r in rec) else np.zeros(0)
     # per-replica step series, merged in time order (statistics are per replica, time-weighted)
@@ -462,7 +470,7 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
         for k, v in r.parts.items():
             breakdown[k] = breakdown.get(k, 0.0) + v
     return SimulationResult(
-        scenario=scenario, deployed=deployed, requests=requests, metrics=summary,
+        scenario=scenario, deployed=deployed, request_columns=requests, metrics=summary,
         step_breakdown_s=breakdown, num_steps=sum(r.num_steps for r in rec), sim_time_s=float(env.now),
         wall_time_s=time.perf_counter() - wall0, cluster=cluster)
 
@@ -497,9 +505,9 @@ def _offered_rate(a: np.ndarray) -> float:
     return (len(a) - 1) / span if span > 0 else float("inf")
 
 
-def _request_frame(cluster: Cluster, stream: RequestStream) -> pd.DataFrame:
+def _request_columns(cluster: Cluster, stream: RequestStream) -> metrics.Columns:
     t = cluster.table
-    return pd.DataFrame({
+    return metrics.Columns({
         "request_id": np.arange(len(t)),
         "class_name": np.asarray(stream.class_names, dtype=object)[stream.class_index] if stream.class_names else "",
         "replica": t.replica,

@@ -207,9 +207,9 @@ def comparison_table(off: SimulationResult, on: SimulationResult) -> str:
     sp = on.scenario.speculative
     out = metrics_table("Speculative decoding effect",
                         [("without", off.metrics), (f"{sp.method} N={sp.num_speculative_tokens}", on.metrics)])
-    r = on.requests
-    if r.spec_steps.sum():
-        out.append(f"{'mean accepted length':28} {'1.00':>22} {1 + r.spec_accepted.sum() / r.spec_steps.sum():>22.2f}")
+    r = on.request_columns
+    if r["spec_steps"].sum():
+        out.append(f"{'mean accepted length':28} {'1.00':>22} {1 + r['spec_accepted'].sum() / r['spec_steps'].sum():>22.2f}")
     return "\n".join(out)
 
 
@@ -228,12 +228,12 @@ def speculation_by_batch(res) -> dict[str, Any] | None:
     n = spec.num_speculative_tokens
     if n <= 0 or spec.acceptance is None:
         return None
-    req = res.requests
-    out_tok = req["output_tokens"].to_numpy(dtype=float)
+    req = res.request_columns
+    out_tok = np.asarray(req["output_tokens"], dtype=float)
     if out_tok.sum() <= 0:
         return None
     # a decoding request's context grows from its prompt to prompt + output: weight by decode steps
-    context = float(np.sum(out_tok * (req["prompt_tokens"].to_numpy(dtype=float) + out_tok / 2)) / out_tok.sum())
+    context = float(np.sum(out_tok * (np.asarray(req["prompt_tokens"], dtype=float) + out_tok / 2)) / out_tok.sum())
     running = (res.metrics.get("running") or {}).get("mean")
     step = decode_step_time(res.deployed.cost, spec.draft_cost)
     return break_even(step, spec.acceptance.expected_tokens, n, context, res.deployed.limits.max_num_seqs,
