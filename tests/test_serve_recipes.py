@@ -93,3 +93,23 @@ def test_a_closed_loop_that_lost_its_requests_is_not_modelled(rows):
     # one by hand: 2 x 343.06 tok/s per GPU over 0.9 x 1024 output tokens, x 29.2 s E2E = 21.7 in flight
     r = next(r for r in lost if float(r["tp"]) == 2 and float(r["osl"]) == 1024 and float(r["isl"]) == 1024)
     assert little_in_flight(r, 0.9 * 1024) == pytest.approx(2 * 343.0583 / (0.9 * 1024) * 29.2011897, rel=1e-3)
+
+
+def test_expert_parallel_rows_keep_littles_law_with_the_gpus_that_served_them(rows):
+    """InferenceX's expert-parallel rows state num_gpus = tp x ep and an output_tok_s_total of per-GPU x
+    that, though EP runs over the tp GPUs (row_scenario's replicas rule). With the tp GPUs every such
+    closed loop holds about its concurrency in flight; with tp x ep it would hold 4-8x it."""
+    from capacity.measurements.row_scenario import little_in_flight
+    num = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("num_gpus", "tp", "ep", "osl", "concurrency_or_qps")}
+    ep_rows = rows[rows.load_type.astype(str).str.contains("closed") & (num["ep"].fillna(1) > 1)
+                   & (num["num_gpus"] == num["tp"] * num["ep"])]
+    assert len(ep_rows) > 100
+    ratios = [little_in_flight(r, 0.9 * float(r["osl"]), float(r["tp"])) / float(r["concurrency_or_qps"])
+              for r in ep_rows.to_dict(orient="records")]
+    ratios = [x for x in ratios if x == x]
+    assert len(ratios) > 100 and all(0.5 < x < 1.2 for x in ratios)
+    # one by hand: H100 MiniMax-M2.5 TP4/EP4, 1k/1k, 4 users: 95.3944 tok/s per GPU x 4 GPUs over 0.9 x 1024
+    # output tokens x 9.351 s E2E = 3.87 in flight (15.5 with num_gpus 16)
+    r = next(r for r in ep_rows.to_dict(orient="records") if r["gpu"] == "H100" and r["model"] == "MiniMax-M2.5"
+             and float(r["isl"]) == 1024 and float(r["osl"]) == 1024 and float(r["concurrency_or_qps"]) == 4)
+    assert little_in_flight(r, 0.9 * 1024, 4.0) == pytest.approx(4 * 95.3944 / (0.9 * 1024) * 9.3509562, rel=1e-4)

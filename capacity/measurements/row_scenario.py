@@ -44,11 +44,15 @@ LITTLE_VIOLATED = ("closed loop whose rate x E2E holds under half its concurrenc
                    "requests failed or timed out, so its rates are not that load's")
 
 
-def little_in_flight(row: dict[str, Any], mean_output_tokens: float) -> float:
+def little_in_flight(row: dict[str, Any], mean_output_tokens: float, num_gpus: float | None = None) -> float:
     """Requests in flight a closed-loop row's own figures imply: output rate / mean output length x E2E
     (the median E2E where that is what the row states; TTFT + (output - 1) x TPOT without one); NaN
-    where a figure is missing."""
-    total = parse_float(row.get("output_tok_s_total"))
+    where a figure is missing. The rate is output_tok_s_per_gpu x `num_gpus`, the GPUs that served
+    the row (`serving_gpus`), where given: InferenceX's output_tok_s_total is per GPU x its num_gpus,
+    which for expert-parallel rows counts tp x ep GPUs, 4-8x the ones that ran."""
+    total = parse_float(row.get("output_tok_s_per_gpu")) * num_gpus if num_gpus else float("nan")
+    if math.isnan(total):
+        total = parse_float(row.get("output_tok_s_total"))
     if math.isnan(total):
         total = parse_float(row.get("output_tok_s_per_gpu")) * parse_float(row.get("num_gpus"))
     e2e_ms = parse_float(row.get("e2e_ms"))
@@ -146,7 +150,7 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
         c = int(load)
         out = lengths["output_tokens"]
         in_flight = little_in_flight(row, (out["low"] + out["high"]) / 2.0 if out.get("dist") == "uniform"
-                                     else float(out.get("value", osl)))
+                                     else float(out.get("value", osl)), num_gpus if num_gpus > 0 else None)
         if in_flight < LITTLE_MIN_FRACTION * c:
             return None, LITTLE_VIOLATED
         n = int(num_prompts) if num_prompts > 0 else prompts_per_user * c
