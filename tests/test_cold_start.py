@@ -12,6 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _fresh_python(code: str) -> list[str]:
+    """The lines `code` prints in a fresh interpreter (nothing imported before it)."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split("\n")
+
+
 def test_loading_a_scenario_and_drawing_synthetic_traffic_import_no_pandas() -> None:
     code = ("import sys\nimport numpy as np\nfrom capacity.inputs import scenario, traffic\n"
             "sc = scenario.load('chatbot_single_turn', ['traffic.classes=[{name: a, input_tokens: {dist: fixed, value: 100}, "
@@ -19,9 +26,7 @@ def test_loading_a_scenario_and_drawing_synthetic_traffic_import_no_pandas() -> 
             "stream = traffic.build_requests(sc.traffic, np.random.default_rng(0))\n"
             "assert len(stream) == sc.traffic.num_requests\n"
             "print('pandas' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "False"
+    assert _fresh_python(code) == ["False"]
 
 
 def test_the_default_simulation_and_its_summary_import_no_pandas() -> None:
@@ -35,6 +40,4 @@ def test_the_default_simulation_and_its_summary_import_no_pandas() -> None:
             "res = simulate.run(scenario.load(None, ['traffic.arrival.num_sessions=20']))\n"
             "df = res.requests\n"
             "print('pandas' in sys.modules, list(df.columns) == res.request_columns.names, len(df) == len(res.request_columns))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:2] == ["False", "True True True"]
+    assert _fresh_python(code) == ["False", "True True True"]
