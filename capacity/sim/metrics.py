@@ -466,13 +466,24 @@ def steady_window(requests: Requests, num_gpus: int) -> dict[str, Any]:
            "goodput_rps": None}
     if t1 <= t0:
         return out
-    done = df[np.asarray(df["completed"], dtype=bool)]
+    done = _completed(df)
     finish = np.asarray(done["finish_s"], dtype=float)
     inside = (finish >= t0) & (finish <= t1)
     span = t1 - t0
     out["request_throughput_rps"] = float(inside.sum()) / span
     out["output_throughput_tok_s_per_gpu"] = float(np.asarray(done["output_tokens"], dtype=float)[inside].sum()) / span / max(num_gpus, 1)
     return out
+
+
+def _completed(df: Columns) -> Columns:
+    """The completed requests of a `per_request` table."""
+    return df[np.asarray(df["completed"], dtype=bool)]
+
+
+def _fill_nan(values: Any, fill: float) -> np.ndarray:
+    """A float column with its NaNs replaced by `fill` (pandas' fillna)."""
+    v = np.asarray(values, dtype=float)
+    return np.where(np.isnan(v), fill, v)
 
 
 def _steady_rate(done: Columns, good: np.ndarray, steady: dict[str, Any]) -> float | None:
@@ -653,7 +664,7 @@ def _request_stats(df: Columns, duration_s: float, num_gpus: int) -> tuple[dict[
     whole run and for one request class (`df`: sent, not refused requests, `per_request_frame`d;
     throughputs over the run's `duration_s` and all its `num_gpus`, so a run's per-class
     throughputs add up to its own).  Returns (statistics, the samples they were taken over)."""
-    done = df[np.asarray(df["completed"], dtype=bool)]
+    done = _completed(df)
     completed = int(len(done))
     total_in = int(done["prompt_tokens"].sum())
     total_out = int(done["output_tokens"].sum())
@@ -749,7 +760,7 @@ def summarize(
     df = _sent(per_request(requests))
     duration_s = float(run.end_s - run.start_s)
     base, values = _request_stats(df, duration_s, run.num_gpus)
-    done = df[np.asarray(df["completed"], dtype=bool)]
+    done = _completed(df)
     completed = base["completed"]
     itl_ms = np.asarray(itl_s, dtype=float).ravel() * 1000.0
     itl_ms = itl_ms[~np.isnan(itl_ms)]
@@ -797,10 +808,9 @@ def summarize(
         # vLLM `all_tpots`: a request with <= 1 output token has TPOT 0 for goodput.
         per_req = {
             "ttft": np.asarray(done["ttft_ms"], dtype=float),
-            "tpot": np.nan_to_num(np.asarray(done["tpot_ms"], dtype=float), nan=0.0, posinf=np.inf, neginf=-np.inf),
+            "tpot": _fill_nan(done["tpot_ms"], 0.0),
             "e2e": np.asarray(done["e2e_ms"], dtype=float),
-            "tok_s_per_user": np.nan_to_num(np.asarray(done["tok_s_per_user"], dtype=float), nan=np.inf,
-                                            posinf=np.inf, neginf=-np.inf),
+            "tok_s_per_user": _fill_nan(done["tok_s_per_user"], np.inf),
         }
         for slo in slos:
             if slo.class_name is None:
