@@ -64,17 +64,20 @@ SCALAR_KEYS = (
     "cost_per_gpu_hour_usd",
 )
 
-OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer")
-"""Scalar keys a profile may leave out. `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
+OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer", "hbm_runtime_gib")
+"""Scalar keys a profile may leave out. `hbm_runtime_gib`: the device memory the runtime reports
+(`torch.cuda.mem_get_info()` total, which vLLM multiplies by gpu_memory_utilization), in GiB; absent: the
+vendor's `hbm_capacity_gb` read as 1e9 bytes (conservative). `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
 direct link per peer, e.g. AMD Infinity Fabric on an 8-GPU platform: 7), so a tensor-parallel group of t GPUs
 uses only t - 1 of them; absent: a switched fabric (NVLink through NVSwitch) where every GPU reaches its peers
 through its whole scale-up bandwidth at any group size. `kernels_per_dense_layer`: opt-in, the kernels a dense
 decoder layer launches (9, counted from vLLM's model code); with it `efficiency.layer_overhead_us` is the fixed
 time of a dense layer's kernels and a MoE layer counts by its own kernels (step_cost.layer_overhead_units)."""
 
-_SCALAR_ORDER = (*SCALAR_KEYS[:SCALAR_KEYS.index("scaleup_world_size") + 1], *OPTIONAL_SCALAR_KEYS,
-                 *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
-"""Every scalar key in the order of the YAML files (the optional ones beside the scale-up keys)."""
+_SCALAR_ORDER = ("hbm_capacity_gb", "hbm_runtime_gib",
+                 *SCALAR_KEYS[1:SCALAR_KEYS.index("scaleup_world_size") + 1], "scaleup_links_per_gpu",
+                 "kernels_per_dense_layer", *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
+"""Every scalar key in the order of the YAML files (the optional ones beside the keys they qualify)."""
 
 OVERRIDE_BASIS = "override"
 OVERRIDE_SOURCE = "user override (GpuProfile.with_overrides)"
@@ -95,6 +98,7 @@ _EXPECTED_UNIT = {
     "scaleup_world_size": "GPUs",
     "scaleup_links_per_gpu": "links",
     "kernels_per_dense_layer": "kernels",
+    "hbm_runtime_gib": "GiB",
     "board_power_w": "W",
     "cost_per_gpu_hour_usd": "USD/GPU-hour",
     "measured.gemm_bf16_tflops": "TFLOPS",
@@ -182,6 +186,8 @@ class GpuProfile:
     gemm_curve: dict[str, float] = field(default_factory=dict)
     scaleup_links_per_gpu: int = 0
     """Direct scale-up links per GPU of a full mesh (OPTIONAL_SCALAR_KEYS); 0: a switched fabric."""
+    hbm_runtime_gib: float = 0.0
+    """Device memory as the runtime reports it, GiB (OPTIONAL_SCALAR_KEYS); 0: not stated."""
     kernels_per_dense_layer: int = 0
     """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
@@ -189,6 +195,12 @@ class GpuProfile:
     reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
     rate / peak (`gemm_ceiling`), and `efficiency.gemm` is a multiplier on that measured curve (1 =
     the microbenchmark). Empty: every GEMM at efficiency.gemm of peak, as before."""
+
+    def runtime_memory_bytes(self) -> float:
+        """Device memory in bytes as the runtime reports it (what vLLM multiplies by
+        gpu_memory_utilization): `hbm_runtime_gib` where the profile states it, else the vendor's
+        `hbm_capacity_gb` read as 1e9 bytes."""
+        return self.hbm_runtime_gib * 2 ** 30 if self.hbm_runtime_gib else self.hbm_capacity_gb * 1e9
 
     def gemm_ceiling(self, dtype: str) -> float:
         """Measured max-achievable GEMM rate over dense peak of the compute dtype a GEMM on `dtype`
@@ -298,6 +310,7 @@ class GpuProfile:
             "scaleup_world_size": self.scaleup_world_size,
             "scaleup_links_per_gpu": self.scaleup_links_per_gpu,
             "kernels_per_dense_layer": self.kernels_per_dense_layer,
+            "hbm_runtime_gib": self.hbm_runtime_gib,
             "board_power_w": self.board_power_w,
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
             "measured": dict(self.measured),
@@ -453,6 +466,7 @@ class _ProfileModel(BaseModel):
     scaleup_world_size: _LeafModel
     scaleup_links_per_gpu: _LeafModel | None = None
     kernels_per_dense_layer: _LeafModel | None = None
+    hbm_runtime_gib: _LeafModel | None = None
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
     measured: dict[str, _LeafModel] = Field(default_factory=dict)
@@ -696,6 +710,7 @@ def _profile_from_provenance(
         scaleup_links_per_gpu=int(provenance["scaleup_links_per_gpu"].value) if "scaleup_links_per_gpu" in provenance else 0,
         kernels_per_dense_layer=(int(provenance["kernels_per_dense_layer"].value)
                                  if "kernels_per_dense_layer" in provenance else 0),
+        hbm_runtime_gib=float(provenance["hbm_runtime_gib"].value) if "hbm_runtime_gib" in provenance else 0.0,
     )
 
 

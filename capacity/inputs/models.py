@@ -248,6 +248,9 @@ class ModelArch:
     mtp_kv_bytes_per_token: float = 0.0       # KV per context token the native MTP layers add when used
     tied_embeddings: bool = False             # the LM head is the input embedding table (stored once)
     max_position_embeddings: int | None = None   # the config's context window: vLLM's default --max-model-len
+    mlp_intermediate_size: int = 0            # width of the dense MLP layers (0: none)
+    expert_intermediate_size: int = 0         # width of one routed expert (0: no MoE layers)
+    shared_expert_intermediate_size: int = 0  # total width of a MoE layer's shared experts (0: none)
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def __hash__(self) -> int:
@@ -1245,6 +1248,10 @@ def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: l
         params_native_mtp=int(mtp.params),
         mtp_kv_bytes_per_token=mtp.kv,
         tied_embeddings=bool(o.tied and o.embed and o.lm_head_owned),
+        mlp_intermediate_size=int((s.dense_inter or s.expert_inter or 0) if n_moe < s.n_layers or s.parallel_dense_mlp
+                                  else 0),
+        expert_intermediate_size=int(s.expert_inter or 0) if n_moe else 0,
+        shared_expert_intermediate_size=int(ex.shared_width * ex.n_shared),
         assumptions=tuple(assumptions),
     )
 

@@ -123,10 +123,13 @@ class Engine(_Strict):
                             "(MI300X, MI325X, MI350X, MI355X) at TP 2, 4 or 8, all-reduces of at least 1-16 MiB "
                             "(vLLM's _QR_MIN_SIZE table) go through QuickReduce's two-shot with their bytes quantized "
                             "(int4: 0.28 of the 16-bit bytes); ignored on other GPUs, as vLLM ignores it")
-    activation_reserve_gb: float = Field(
-        6.0, ge=0,
-        description="assumed: per-GPU memory vLLM's profiling run keeps for activations, CUDA/HIP graphs and "
-                    "non-torch allocations (not measured here; calibrate or override)")
+    activation_reserve_gb: float | None = Field(
+        None, ge=0,
+        description="per-GPU memory besides the weights that vLLM's start-up profiling takes from the KV cache "
+                    "(its profiling run's torch peak and non-torch memory); default: derived from the model, "
+                    "max_num_batched_tokens, max_num_seqs and TP size as vLLM's profiling finds it "
+                    "(capacity/sim/memory.py); set a number (e.g. from your server's 'torch peak memory increase' "
+                    "and 'non-torch forward increase memory' log lines) to override")
 
 
 class Speculative(_Strict):

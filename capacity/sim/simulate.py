@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from capacity.sim import metrics
+from capacity.sim import memory, metrics
 from capacity.sim.engine import EngineLimits, Replica, RequestTable
 from capacity.sim.prefix_cache import HitCounters
 from capacity.errors import CapacityError
@@ -72,23 +72,26 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
-    usable = gpu.hbm_capacity_gb * 1e9 * e.gpu_memory_utilization
-    kv_budget = usable - weights_per_gpu - e.activation_reserve_gb * 1e9
+    usable = gpu.runtime_memory_bytes() * e.gpu_memory_utilization
+    reserve = (e.activation_reserve_gb * 1e9 if e.activation_reserve_gb is not None
+               else memory.reserve_bytes(model, e.max_num_batched_tokens, e.max_num_seqs, tp))
+    kv_budget = usable - weights_per_gpu - reserve
     per_token = (model.kv_bytes_per_token or model.swa_kv_bytes_per_token) + speculation.extra_kv_bytes_per_token
     block_bytes = e.block_size * per_token / kv_split
-    memory = {
+    memory_gb = {
         "hbm_per_gpu_gb": gpu.hbm_capacity_gb,
         "usable_per_gpu_gb": usable / 1e9,
         "weights_per_gpu_gb": weights_per_gpu / 1e9,
-        "activation_reserve_per_gpu_gb": e.activation_reserve_gb,
+        "activation_reserve_per_gpu_gb": reserve / 1e9,
         "kv_cache_per_gpu_gb": max(kv_budget, 0) / 1e9,
     }
     where = f"{model.name} ({model.weight_precision}) on {tp}× {gpu.name}"
     if kv_budget <= 0:
         raise CapacityError(
             f"{where} does not fit: {weights_per_gpu / 1e9:.1f} GB of weights per GPU vs "
-            f"{usable / 1e9:.1f} GB usable ({e.gpu_memory_utilization:.0%} of {gpu.hbm_capacity_gb:g} GB) minus "
-            f"{e.activation_reserve_gb:g} GB activations; raise deployment.tensor_parallel_size or use a smaller precision")
+            f"{usable / 1e9:.1f} GB usable ({e.gpu_memory_utilization:.0%} of {gpu.runtime_memory_bytes() / 1e9:.1f} GB) "
+            f"minus {reserve / 1e9:.1f} GB for vLLM's profiling run; raise deployment.tensor_parallel_size or use a "
+            "smaller precision")
     num_blocks = int(kv_budget // block_bytes)
     limits = EngineLimits(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
@@ -96,13 +99,13 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill,
         enable_prefix_caching=e.enable_prefix_caching)
-    memory["kv_cache_tokens"] = num_blocks * e.block_size
+    memory_gb["kv_cache_tokens"] = num_blocks * e.block_size
     # vLLM turns async scheduling off for a drafter that runs on the CPU (n-gram; vllm/config/vllm.py)
     async_scheduling = e.async_scheduling and getattr(speculation.method, "kind", None) != "cpu"
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel,
                                  async_scheduling=async_scheduling,
                                  quick_reduce_quantization=e.quick_reduce_quantization))
-    return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory, speculation,
+    return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory_gb, speculation,
                     drop_last_cached_block=uses_target_hidden_states(speculation.method))
 
 
