@@ -1,5 +1,6 @@
 """Rows run with the serve flags their series' benchmark script passed (serve_recipes.yaml): the
-KV-cache dtype, the batched-token budget and async scheduling that the CSV rows do not carry."""
+KV-cache dtype, the batched-token budget, async scheduling, the memory utilization and max-num-seqs
+that the CSV rows do not carry."""
 
 import re
 
@@ -41,6 +42,8 @@ def test_recipe_keys_are_scenario_keys(rows):
         scenario_mod.from_dict(sc)
         for key, value in (entry.get("set") or {}).items():
             section, field = key.split(".", 1)
+            if key == "engine.max_num_seqs" and value == "concurrency":   # --max-num-seqs $CONC
+                value = sc["traffic"]["arrival"]["concurrency"]
             assert sc[section][field] == value
 
 
@@ -66,12 +69,12 @@ def test_rows_outside_the_recipes_keep_the_defaults(rows):
     """gpt-oss-120b on MI300X (v0.17.0): the script passes no KV dtype; the MI355X MiniMax rows of
     v0.18.0 run the default, those of v0.19.0 (PR #1003) an fp8 KV cache."""
     ox = rows[(rows.gpu == "MI300X") & (rows.model == "gpt-oss-120b")].iloc[0].to_dict()
-    assert serve_recipe(ox) == {}
+    assert "deployment.kv_cache_dtype" not in serve_recipe(ox)
     assert "kv_cache_dtype" not in row_scenario(ox)[0]["deployment"]
     mm = rows[(rows.gpu == "MI355X") & (rows.model == "MiniMax-M2.5") & (rows.precision == "fp8")]
     v18 = mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.18.0"].iloc[0].to_dict()
     v19 = mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.19.0"].iloc[0].to_dict()
-    assert serve_recipe(v18) == {} and serve_recipe(v19) == {"deployment.kv_cache_dtype": "fp8"}
+    assert "deployment.kv_cache_dtype" not in serve_recipe(v18) and serve_recipe(v19)["deployment.kv_cache_dtype"] == "fp8"
 
 
 def test_a_recipe_turns_async_scheduling_on_for_a_release_that_predates_its_default(rows):
@@ -79,6 +82,32 @@ def test_a_recipe_turns_async_scheduling_on_for_a_release_that_predates_its_defa
     old = rows[(rows.gpu == "H100") & (rows.framework_version == "vllm/vllm-openai:v0.11.2")].iloc[0].to_dict()
     sc = row_scenario(old)[0]
     assert sc.get("engine", {}).get("async_scheduling", True) is True
+
+
+def test_max_num_seqs_conc_is_the_rows_concurrency_and_memory_utilization_the_scripts(rows):
+    """benchmarks/single_node/gptoss_fp4_h200.sh at cec542a9a93c, line 53: `--max-num-seqs $CONC`, line 51:
+    `--gpu-memory-utilization 0.9`; benchmarks/single_node/gptoss_fp4_mi300x.sh at 626932a110a2, line 56:
+    `--gpu-memory-utilization 0.95` and no --max-num-seqs (vLLM's 1024). An open-loop copy of the H200 row
+    has no concurrency to stand for, so it keeps the default."""
+    num = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("tp", "isl", "concurrency_or_qps")}
+    h200 = rows[(rows.gpu == "H200") & (rows.model == "gpt-oss-120b")
+                & (rows.framework_version == "vllm/vllm-openai:v0.18.0")
+                & (num["tp"] == 2) & (num["isl"] == 8192) & (num["concurrency_or_qps"] == 32)]
+    assert len(h200) == 1
+    row = h200.iloc[0].to_dict()
+    assert serve_recipe(row)["engine.max_num_seqs"] == "concurrency"
+    sc = row_scenario(row)[0]
+    assert sc["engine"]["max_num_seqs"] == 32 and sc["engine"]["gpu_memory_utilization"] == 0.9
+    assert scenario_mod.from_dict(sc).engine.max_num_seqs == 32
+    # the same recipe on an open loop: --max-num-seqs $CONC has no concurrency, the key stays out
+    poisson = {**row, "load_type": "poisson", "concurrency_or_qps": "2.0"}
+    open_sc = row_scenario(poisson)[0]
+    assert "max_num_seqs" not in open_sc.get("engine", {})
+    assert scenario_mod.from_dict(open_sc).engine.max_num_seqs == 1024
+    mi = rows[(rows.gpu == "MI300X") & (rows.model == "gpt-oss-120b")
+              & (rows.framework_version == "vllm/vllm-openai-rocm:v0.17.0") & (rows.date == "2026-04-21")]
+    sc = scenario_mod.from_dict(row_scenario(mi.iloc[0].to_dict())[0])
+    assert sc.engine.gpu_memory_utilization == 0.95 and sc.engine.max_num_seqs == 1024
 
 
 def test_a_closed_loop_that_lost_its_requests_is_not_modelled(rows):

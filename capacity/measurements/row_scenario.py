@@ -5,8 +5,9 @@ model, precision and TP; a closed loop of `concurrency_or_qps` users (InferenceX
 at `concurrency_or_qps` req/s; prompts and outputs uniform in the range the source's benchmark
 client drew its random lengths from (`clients.random_lengths`), or, for a vLLM --save-detailed
 result, the run's own request stream (`row_stream`); and the serve flags its series' script passed
-that the row does not carry (KV-cache dtype, batched-token budget, async scheduling:
-`clients.serve_recipe`). A row that cannot be modelled says why.
+that the row does not carry (KV-cache dtype, batched-token budget, async scheduling, memory
+utilization, max-num-seqs: `clients.serve_recipe`; `max_num_seqs: concurrency` is the row's closed-loop
+concurrency). A row that cannot be modelled says why.
 A speculative row is simulated with its stated method, N and mean accepted length (`row_speculation`).
 
 A speculative-speedup row (schema of seed_spec_decode.csv) gives the scenario's `speculative`
@@ -31,6 +32,9 @@ from capacity.spec.acceptance import iid_alpha_for_length
 
 PROMPTS_PER_USER = 10      # InferenceX runs 10 × concurrency prompts per point
 POISSON_REQUESTS = 400     # assumed for Poisson rows that do not state their prompt count
+# A serve_recipes.yaml `set` value of engine.max_num_seqs that stands for the row's own closed-loop
+# concurrency (a script's `--max-num-seqs $CONC`)
+MAX_NUM_SEQS_CONCURRENCY = "concurrency"
 
 # Skip reasons no simulator could get past: the row measures nothing it predicts, or states no load.
 NOTHING_TO_PREDICT = "no measured column the simulator predicts"
@@ -180,6 +184,11 @@ def row_scenario(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
     if engine:
         scenario["engine"] = engine
     for key, value in serve_recipe(row).items():    # the series' serve flags (serve_recipes.yaml)
+        if key == "engine.max_num_seqs" and value == MAX_NUM_SEQS_CONCURRENCY:
+            # --max-num-seqs $CONC: the closed loop's concurrency; an open-loop row has none, so the key stays out
+            if traffic["arrival"]["process"] != "closed_loop":
+                continue
+            value = int(traffic["arrival"]["concurrency"])
         section, field = key.split(".", 1)
         scenario.setdefault(section, {})[field] = value
     if spec:
