@@ -110,3 +110,10 @@ def test_an_explicit_reserve_replaces_the_derived_one():
     sc = scenario_mod.from_dict({"deployment": {"gpu": "H100", "model": "meta-llama/Llama-3.1-8B"},
                                  "engine": {"activation_reserve_gb": 2.5}, "traffic": TRAFFIC}, "memory")
     assert simulate.deploy(sc).memory["activation_reserve_per_gpu_gb"] == 2.5
+
+
+def test_overriding_the_capacity_scales_the_runtime_memory():
+    gpu = load_gpu("MI300X")
+    half = gpu.with_overrides(hbm_capacity_gb=96)
+    assert half.runtime_memory_bytes() == pytest.approx(gpu.runtime_memory_bytes() / 2)
+    assert gpu.with_overrides(hbm_capacity_gb=96, hbm_runtime_gib=90).runtime_memory_bytes() == 90 * GIB

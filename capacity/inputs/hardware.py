@@ -266,7 +266,8 @@ class GpuProfile:
         """A copy with some values replaced, e.g. ``with_overrides(efficiency={"gemm": 0.6}, cost_per_gpu_hour_usd=2.0)``.
 
         Scalar keys take a number; `peak_dense_tflops`, `measured` and `efficiency` take a mapping
-        of the entries to replace (the others are kept). Overridden values get basis 'override'.
+        of the entries to replace (the others are kept). Overridden values get basis 'override'. A new
+        `hbm_capacity_gb` without a new `hbm_runtime_gib` scales the runtime-reported memory with it.
         Unknown keys or out-of-range values raise CapacityError.
         """
         provenance = dict(self.provenance)
@@ -293,6 +294,11 @@ class GpuProfile:
                     )
                 dotted = f"{key}.{sub}"
                 provenance[dotted] = _override_record(self.provenance.get(dotted), dotted, sub_value, self.name)
+        if "hbm_capacity_gb" in changes and "hbm_runtime_gib" not in changes and self.hbm_runtime_gib:
+            # the runtime-reported memory follows a new capacity in the profile's own proportion
+            scaled = self.hbm_runtime_gib * float(changes["hbm_capacity_gb"]) / self.hbm_capacity_gb
+            provenance["hbm_runtime_gib"] = _override_record(self.provenance.get("hbm_runtime_gib"), "hbm_runtime_gib",
+                                                             scaled, self.name)
         _check_values(provenance, where=f"override of GPU {self.name}")
         return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path)
 
