@@ -29,6 +29,7 @@ import math
 from collections import deque
 from itertools import chain
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -304,6 +305,20 @@ def _first(x: np.ndarray | float) -> float:
     return float(x.flat[0]) if isinstance(x, np.ndarray) else float(x)
 
 
+def _decode_parts(cost: StepCost, context_tokens: np.ndarray, tokens_per_seq: int) -> tuple[StepFeatures, dict]:
+    """(features, time parts) of a run of decode steps of one batch, for a StepCost without
+    `decode_parts` (StepCostModel.decode_parts gives the same, faster): the features that are the
+    same in every step as one value (the batch is fixed, so only attention changes)."""
+    features = cost.decode_features(context_tokens, tokens_per_seq)
+    if type(features.num_tokens) is float and type(features.num_seqs) is float \
+            and type(features.num_sampled) is float and type(features.verify_seqs) is float:
+        step = features                                              # one value for all steps already
+    else:
+        step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
+                            features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
+    return step, cost.time_parts(step)
+
+
 def _advance(r: list[int], got: int, n: int, k: int, blocks: int) -> int:
     """Apply n decode steps (k drafts each) that emitted `got` tokens to one request's counts `r`, its KV
     now `blocks`; returns the blocks it grew by. Output is capped at the target (the request then finishes)."""
@@ -332,6 +347,8 @@ class Replica:
         self.index = index
         self.table = table
         self.cost = cost
+        decode_parts = getattr(cost, "decode_parts", None)
+        self._decode_parts = decode_parts if decode_parts is not None else partial(_decode_parts, cost)
         self.limits = limits
         self.kv_blocks_for = kv_blocks_for
         self._blocks = TokenTable(kv_blocks_for)   # kv_blocks_for, exact, without numpy's per-call cost
@@ -529,16 +546,7 @@ class Replica:
         for e in ends_at:
             b = len(cols)
             part = ctx[s:e] if b == B else ctx[s:e, cols]
-            features = self.cost.decode_features(part, 1 + k)
-            # the batch is fixed, so only attention changes from step to step
-            if type(features.num_tokens) is float and type(features.num_seqs) is float \
-                    and type(features.num_sampled) is float and type(features.verify_seqs) is float:
-                step = features                                      # one value for all steps already
-            else:
-                step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs),
-                                    _first(features.num_sampled), features.attn_flops, features.kv_read_bytes,
-                                    _first(features.verify_seqs))
-            parts = self.cost.time_parts(step)
+            step, parts = self._decode_parts(part, 1 + k)
             if k:
                 parts["draft"] = self.spec.draft_time_steps(b, step.num_tokens, _add_reduce(part, 1), k)
             durations = sum(parts.values())
@@ -674,15 +682,7 @@ class Replica:
             K = 1 + int(np.argmin(need <= self.free_blocks))
             emitted, ctx = emitted[:K], ctx[:K]
             last_blocks = None
-        features = self.cost.decode_features(ctx, 1 + k)
-        # the batch is fixed, so only attention changes from step to step
-        if type(features.num_tokens) is float and type(features.num_seqs) is float \
-                and type(features.num_sampled) is float and type(features.verify_seqs) is float:
-            step = features                                          # one value for all steps already
-        else:
-            step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
-                                features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
-        parts = self.cost.time_parts(step)
+        step, parts = self._decode_parts(ctx, 1 + k)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, _add_reduce(ctx, 1), k)
         durations = sum(parts.values())

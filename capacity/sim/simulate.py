@@ -112,8 +112,9 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
 
 _SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
 _SHARED_MAX = 16   # entries kept: two per deployment (its StepCostModel; its drafter memo, 2-8 MB)
-# caches, not inputs: StepCostModel.tables (attention tables filled as contexts grow) and a DraftCost's memos
-_DERIVED = frozenset({"tables"}) | DraftCost.MEMO_ATTRIBUTES
+# caches, not inputs: StepCostModel.tables (attention tables filled as contexts grow) and _shape_memo, and a
+# DraftCost's memos
+_DERIVED = frozenset({"tables", "_shape_memo"}) | DraftCost.MEMO_ATTRIBUTES
 _SHARED_LOCK = threading.Lock()                     # a sweep may simulate in threads
 
 
