@@ -383,6 +383,7 @@ class AttentionTables:
         self.kv = TokenTable(arch.kv_read_bytes)
         self._whole = TokenTable(lambda c: arch.attention_flops(c, c))
         self._chunk: dict[int, TokenTable] = {}
+        self._chunk_lists: dict[int, list] = {}   # the decode-width tables' lists (TokenTable.lookup), by width
 
     def chunk(self, q: int) -> TokenTable:
         """attention_flops(q, c) over c (NaN below c = q, where a q-token chunk cannot end)."""
@@ -422,6 +423,26 @@ class AttentionTables:
         """Per-sequence attention FLOPs as Python floats: the whole-prompt or decode-width table's value
         where one applies, else arch.attention_flops for those sequences (prompt chunks, or invalid
         input, which the function reports)."""
+        whole, lists = self._whole._list, self._chunk_lists
+        if whole is not None:                   # the usual step: every value in a table's list already
+            out: list[float] = []
+            append = out.append
+            try:
+                for q, c in zip(new_tokens, context_tokens):
+                    if q == c >= 0:
+                        append(whole[c])
+                    elif c >= q >= 0:
+                        append(lists[q][c])     # KeyError: no list for this width (or wider than MAX_CHUNK)
+                    else:
+                        break
+                else:
+                    return out
+            except (KeyError, IndexError, TypeError):   # c beyond a list, or not a whole number
+                pass
+        return self._slow_flops(new_tokens, context_tokens)
+
+    def _slow_flops(self, new_tokens, context_tokens) -> list[float]:
+        """_per_seq_flops when some value is not in a table's list (yet): grows the tables it needs."""
         out: list[float] = []
         rest: list[int] = []
         whole, chunk, max_chunk = self._whole, self._chunk, self.MAX_CHUNK
@@ -434,10 +455,7 @@ class AttentionTables:
                 rest.append(i)
                 out.append(0.0)
                 continue
-            try:
-                out.append(table._list[c])
-            except (TypeError, IndexError):                         # no list yet, or c beyond it
-                out.append(table.lookup([c])[0])
+            out.append(table.lookup([c])[0])
         if 0 < len(rest) <= self.SCALAR_REST:   # a step's few prompt chunks: plain floats, same bits
             one = self.arch.attention_flops_one
             for i in rest:
@@ -447,6 +465,7 @@ class AttentionTables:
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
             for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
                 out[i] = v
+        self._chunk_lists = {q: t._list for q, t in chunk.items() if t._list is not None and q <= max_chunk}
         return out
 
 
