@@ -395,14 +395,19 @@ class Replica:
 
     def _leave(self, ids: np.ndarray, gone: list[list[int]]) -> None:
         """Finished requests (`ids`, their rows `gone`) leave the batch: their counts are written back."""
+        rows = self._rows
         if len(gone) == 1:
-            self.table.ints[ids[0]] = gone[0]
-        else:
-            self.table.ints[ids] = _int_rows(gone)
+            row = gone[0]
+            self.table.ints[ids[0]] = row
+            i = next(i for i, r in enumerate(rows) if r is row)
+            self.running = np.concatenate((self.running[:i], self.running[i + 1:]))
+            self._rows = rows[:i] + rows[i + 1:]
+            return
+        self.table.ints[ids] = _int_rows(gone)
         gone_ids = {id(r) for r in gone}
-        keep = [i for i, r in enumerate(self._rows) if id(r) not in gone_ids]
+        keep = [i for i, r in enumerate(rows) if id(r) not in gone_ids]
         self.running = self.running[keep]
-        self._rows = [self._rows[i] for i in keep]
+        self._rows = [rows[i] for i in keep]
 
     def submit(self, request_id: int) -> None:
         self.table.replica[request_id] = self.index
@@ -435,9 +440,11 @@ class Replica:
             context_end = [r[COMPUTED] + q for r, q in zip(rows, new_tokens)]
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + sum(num_spec)),
                                           num_spec=num_spec)
-            cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
-            cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
-            dt = cost.total_s
+            parts = {k: float(v) for k, v in self.cost.time_parts(features).items()}
+            for k, v in self.spec.draft_time(ids, new_tokens, context_end, num_spec).parts_s.items():
+                parts[k] = parts.get(k, 0.0) + v                     # StepTime.__add__ (v + 0.0 is v)
+            cost = StepTime(parts)
+            dt = float(sum(parts.values()))                          # cost.total_s
             yield env.timeout(dt)
             self._update(ids, rows, new_tokens, num_spec)
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
