@@ -455,7 +455,10 @@ class AttentionTables:
                 rest.append(i)
                 out.append(0.0)
                 continue
-            out.append(table.lookup([c])[0])
+            try:
+                out.append(table._list[c])
+            except (TypeError, IndexError):                         # no list yet, or c beyond it
+                out.append(table.lookup([c])[0])
         if 0 < len(rest) <= self.SCALAR_REST:   # a step's few prompt chunks: plain floats, same bits
             one = self.arch.attention_flops_one
             for i in rest:
@@ -465,7 +468,8 @@ class AttentionTables:
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
             for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
                 out[i] = v
-        self._chunk_lists = {q: t._list for q, t in chunk.items() if t._list is not None and q <= max_chunk}
+        if any(self._chunk_lists.get(q) is not t._list for q, t in chunk.items() if q <= max_chunk):
+            self._chunk_lists = {q: t._list for q, t in chunk.items() if t._list is not None and q <= max_chunk}
         return out
 
 
