@@ -127,3 +127,27 @@ def test_arrivals_known_ahead_cut_runs_as_interrupts_do(monkeypatch, overrides: 
         np.testing.assert_array_equal(pd_cut[col].to_numpy(), pd_int[col].to_numpy())
     for a, b in zip(cut.cluster.replicas, interrupted.cluster.replicas):
         np.testing.assert_array_equal(a.recorder.t, b.recorder.t)
+
+
+@pytest.mark.parametrize("overrides", [
+    [],                                                                       # dense, TP 1
+    ["deployment.model=Qwen/Qwen3.5-27B", "speculative.method=mtp"],          # linear attention (snapshots)
+    ["deployment.model=google/gemma-4-26B-A4B-it", "speculative.method=eagle3"],   # MoE
+    ["deployment.model=mistralai/Mixtral-8x7B-v0.1", "deployment.tensor_parallel_size=2",
+     "deployment.expert_parallel=true", "speculative.method=ngram"],          # all-reduce, EP, serial host time
+])
+def test_decode_parts_are_the_time_parts_of_decode_features(overrides: list[str]) -> None:
+    """StepCostModel.decode_parts (per-shape constants kept, attention priced in place) gives
+    time_parts(decode_features(...)) bit for bit, with the same keys in the same order."""
+    cost = simulate.deploy(scenario.load("chatbot_single_turn", overrides)).cost
+    rng = np.random.default_rng(5)
+    for steps, batch, q in [(1, 1, 1), (5, 3, 4), (17, 9, 4), (40, 12, 1), (3, 2, 8), (5, 3, 4)]:   # a shape again
+        ctx = np.sort(rng.integers(q, 20000, (steps, batch)), axis=0)
+        f, parts = cost.decode_parts(ctx, q)
+        plain = cost.decode_features(ctx, q)
+        assert f.as_tuple()[:3] + f.as_tuple()[5:] == plain.as_tuple()[:3] + plain.as_tuple()[5:]
+        assert np.array_equal(f.attn_flops, plain.attn_flops) and np.array_equal(f.kv_read_bytes, plain.kv_read_bytes)
+        expected = cost.time_parts(plain)
+        assert list(parts) == list(expected)
+        for key, value in expected.items():
+            assert np.array_equal(np.broadcast_to(parts[key], (steps,)), np.broadcast_to(value, (steps,))), key

@@ -383,6 +383,7 @@ class AttentionTables:
         self.kv = TokenTable(arch.kv_read_bytes)
         self._whole = TokenTable(lambda c: arch.attention_flops(c, c))
         self._chunk: dict[int, TokenTable] = {}
+        self._chunk_lists: dict[int, list] = {}   # the decode-width tables' lists (TokenTable.lookup), by width
 
     def chunk(self, q: int) -> TokenTable:
         """attention_flops(q, c) over c (NaN below c = q, where a q-token chunk cannot end)."""
@@ -422,6 +423,26 @@ class AttentionTables:
         """Per-sequence attention FLOPs as Python floats: the whole-prompt or decode-width table's value
         where one applies, else arch.attention_flops for those sequences (prompt chunks, or invalid
         input, which the function reports)."""
+        whole, lists = self._whole._list, self._chunk_lists
+        if whole is not None:                   # the usual step: every value in a table's list already
+            out: list[float] = []
+            append = out.append
+            try:
+                for q, c in zip(new_tokens, context_tokens):
+                    if q == c >= 0:
+                        append(whole[c])
+                    elif c >= q >= 0:
+                        append(lists[q][c])     # KeyError: no list for this width (or wider than MAX_CHUNK)
+                    else:
+                        break
+                else:
+                    return out
+            except (KeyError, IndexError, TypeError):   # c beyond a list, or not a whole number
+                pass
+        return self._slow_flops(new_tokens, context_tokens)
+
+    def _slow_flops(self, new_tokens, context_tokens) -> list[float]:
+        """_per_seq_flops when some value is not in a table's list (yet): grows the tables it needs."""
         out: list[float] = []
         rest: list[int] = []
         whole, chunk, max_chunk = self._whole, self._chunk, self.MAX_CHUNK
@@ -447,6 +468,8 @@ class AttentionTables:
                                                np.array([context_tokens[i] for i in rest], dtype=np.int64))
             for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
                 out[i] = v
+        if any(self._chunk_lists.get(q) is not t._list for q, t in chunk.items() if q <= max_chunk):
+            self._chunk_lists = {q: t._list for q, t in chunk.items() if t._list is not None and q <= max_chunk}
         return out
 
 
@@ -536,6 +559,7 @@ class StepCostModel:
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
         self.tables = AttentionTables(model)
+        self._shape_memo: dict[tuple[int, int], tuple] = {}   # decode_parts' constants per batch shape
 
     # ------------------------------------------------------------------ features
     def features(self, new_tokens: np.ndarray, context_tokens: np.ndarray,
@@ -618,6 +642,52 @@ class StepCostModel:
         """Seconds per component; works on scalars or on arrays of many steps (Python floats in,
         Python floats out)."""
         eff = self.efficiency if efficiency is None else efficiency
+        return self._priced(self._shape_parts(f, eff, with_overhead), f, eff)
+
+    def decode_parts(self, context_tokens: np.ndarray, tokens_per_seq: int) -> tuple[StepFeatures, dict]:
+        """(features, time_parts) of many decode steps of one batch (context_tokens: steps x sequences,
+        whole numbers; `tokens_per_seq` a whole number): the features as one value for all steps but
+        the attention ones, as the engine records them, and `time_parts` of them, bit for bit. The parts
+        that do not depend on attention are priced once per batch shape and kept (the same values)."""
+        k, b = context_tokens.shape
+        memo = self._shape_memo.get((b, tokens_per_seq))
+        if memo is None:
+            n = float(b * tokens_per_seq)
+            f = StepFeatures(n, float(b), n, 0.0, 0.0, float(b if tokens_per_seq > 1 else 0))
+            eff = self.efficiency
+            bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
+            memo = self._shape_memo[(b, tokens_per_seq)] = (
+                f, self._shape_parts(f, eff, True), self.tables.chunk(tokens_per_seq), self.tables.kv,
+                self.tp * self._peak_attn * eff["attention"], self._kv_split * bw)
+        f, shape, chunk, kv_table, attn_div, kv_div = memo
+        attn, kv = _add_reduce(chunk[context_tokens], 1), _add_reduce(kv_table[context_tokens], 1)
+        f = StepFeatures(f.num_tokens, f.num_seqs, f.num_sampled, attn, kv, f.verify_seqs)
+        before, snapshot, after, overhead = shape
+        # time_parts' arithmetic on arrays (attention_time, then _priced), without the intermediate copies
+        attention = attn / attn_div
+        np.maximum(attention, kv / kv_div, out=attention)
+        if snapshot is not None:
+            np.add(attention, snapshot, out=attention)
+        parts = dict(before)
+        parts["attention"] = attention
+        if after:
+            parts.update(after)
+        kernels, host, spec = overhead
+        if self.async_scheduling and HOST_OVERLAP:
+            shown = sum(parts.values())
+            np.add(shown, kernels, out=shown)
+            np.subtract(host, shown, out=shown)
+            np.maximum(shown, 0.0, out=shown)
+            np.add(kernels, shown, out=shown)
+            parts["overhead"] = np.add(shown, spec, out=shown)
+        else:
+            parts["overhead"] = kernels + host + spec
+        return f, parts
+
+    def _shape_parts(self, f: StepFeatures, eff: dict[str, float], with_overhead: bool) -> tuple:
+        """What `time_parts` computes from everything but the attention features: (the parts before
+        attention, the recurrent-state snapshot term added to it or None, the parts after it, the
+        overhead's (kernels, host, speculative host) or None)."""
         m, tp = self.model, self.tp
         bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
         n_tok = _float_or_array(f.num_tokens)
@@ -627,7 +697,7 @@ class StepCostModel:
         else:
             ceiling, extra = self._dense_curve
             dense_compute_s = (dense_flops / tp + extra) / (self._peak_dense * eff["gemm"] * ceiling)
-        parts: dict[str, np.ndarray | float] = {
+        before: dict[str, np.ndarray | float] = {
             "dense_gemm": fast_maximum(dense_compute_s, m.dense_weight_bytes / (tp * bw)),
         }
         if m.num_moe_layers:
@@ -641,22 +711,36 @@ class StepCostModel:
             bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
-            parts["moe_gemm"] = np.maximum(flops_s, bytes_s)
-        parts["attention"] = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
+            before["moe_gemm"] = np.maximum(flops_s, bytes_s)
+        snapshot = None
         if m.num_linear_attention_layers:
-            parts["attention"] = parts["attention"] + self.snapshot_bytes(f) / (
-                tp * bw * self.state_snapshot_write_efficiency)
+            snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)
+        after: dict[str, np.ndarray | float] = {}
         if tp > 1:
             message = n_tok * m.hidden_size * ACTIVATION_BYTES
             one = (self.gpu.scaleup_latency_us * 1e-6
                    + allreduce_bytes(message, tp, self._allreduce_algorithm, self._quick_reduce)
                    / (self._allreduce_bw * eff["allreduce"]))
-            parts["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
+            after["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
+        overhead = None
         if with_overhead:
             kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units
             spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
                     + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
+            overhead = (kernels, host, spec)
+        return before, snapshot, after, overhead
+
+    def _priced(self, shape: tuple, f: StepFeatures, eff: dict[str, float]) -> dict[str, np.ndarray | float]:
+        """`time_parts` from its `_shape_parts` and the step's attention features."""
+        before, snapshot, after, overhead = shape
+        parts = dict(before)
+        attention = self.attention_time(f.attn_flops, f.kv_read_bytes, eff)
+        parts["attention"] = attention if snapshot is None else attention + snapshot
+        if after:
+            parts.update(after)
+        if overhead is not None:
+            kernels, host, spec = overhead
             if self.async_scheduling and HOST_OVERLAP:
                 # the forward pass lasts max(GPU, host): only host time the GPU does not cover shows
                 host = fast_maximum(host - (sum(parts.values()) + kernels), 0.0)

@@ -29,6 +29,7 @@ import math
 from collections import deque
 from itertools import chain
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -304,6 +305,20 @@ def _first(x: np.ndarray | float) -> float:
     return float(x.flat[0]) if isinstance(x, np.ndarray) else float(x)
 
 
+def _decode_parts(cost: StepCost, context_tokens: np.ndarray, tokens_per_seq: int) -> tuple[StepFeatures, dict]:
+    """(features, time parts) of a run of decode steps of one batch, for a StepCost without
+    `decode_parts` (StepCostModel.decode_parts gives the same, faster): the features that are the
+    same in every step as one value (the batch is fixed, so only attention changes)."""
+    features = cost.decode_features(context_tokens, tokens_per_seq)
+    if type(features.num_tokens) is float and type(features.num_seqs) is float \
+            and type(features.num_sampled) is float and type(features.verify_seqs) is float:
+        step = features                                              # one value for all steps already
+    else:
+        step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
+                            features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
+    return step, cost.time_parts(step)
+
+
 def _advance(r: list[int], got: int, n: int, k: int, blocks: int) -> int:
     """Apply n decode steps (k drafts each) that emitted `got` tokens to one request's counts `r`, its KV
     now `blocks`; returns the blocks it grew by. Output is capped at the target (the request then finishes)."""
@@ -332,6 +347,8 @@ class Replica:
         self.index = index
         self.table = table
         self.cost = cost
+        decode_parts = getattr(cost, "decode_parts", None)
+        self._decode_parts = decode_parts if decode_parts is not None else partial(_decode_parts, cost)
         self.limits = limits
         self.kv_blocks_for = kv_blocks_for
         self._blocks = TokenTable(kv_blocks_for)   # kv_blocks_for, exact, without numpy's per-call cost
@@ -378,14 +395,19 @@ class Replica:
 
     def _leave(self, ids: np.ndarray, gone: list[list[int]]) -> None:
         """Finished requests (`ids`, their rows `gone`) leave the batch: their counts are written back."""
+        rows = self._rows
         if len(gone) == 1:
-            self.table.ints[ids[0]] = gone[0]
-        else:
-            self.table.ints[ids] = _int_rows(gone)
+            row = gone[0]
+            self.table.ints[ids[0]] = row
+            i = next(i for i, r in enumerate(rows) if r is row)
+            self.running = np.concatenate((self.running[:i], self.running[i + 1:]))
+            self._rows = rows[:i] + rows[i + 1:]
+            return
+        self.table.ints[ids] = _int_rows(gone)
         gone_ids = {id(r) for r in gone}
-        keep = [i for i, r in enumerate(self._rows) if id(r) not in gone_ids]
+        keep = [i for i, r in enumerate(rows) if id(r) not in gone_ids]
         self.running = self.running[keep]
-        self._rows = [self._rows[i] for i in keep]
+        self._rows = [rows[i] for i in keep]
 
     def submit(self, request_id: int) -> None:
         self.table.replica[request_id] = self.index
@@ -418,9 +440,11 @@ class Replica:
             context_end = [r[COMPUTED] + q for r, q in zip(rows, new_tokens)]
             features = self.cost.features(new_tokens, context_end, num_sampled=float(len(ids) + sum(num_spec)),
                                           num_spec=num_spec)
-            cost = StepTime({k: float(v) for k, v in self.cost.time_parts(features).items()})
-            cost = cost + self.spec.draft_time(ids, new_tokens, context_end, num_spec)
-            dt = cost.total_s
+            parts = {k: float(v) for k, v in self.cost.time_parts(features).items()}
+            for k, v in self.spec.draft_time(ids, new_tokens, context_end, num_spec).parts_s.items():
+                parts[k] = parts.get(k, 0.0) + v                     # StepTime.__add__ (v + 0.0 is v)
+            cost = StepTime(parts)
+            dt = float(sum(parts.values()))                          # cost.total_s
             yield env.timeout(dt)
             self._update(ids, rows, new_tokens, num_spec)
             self.recorder.add_step(env.now, dt, len(self.waiting), len(self.running),
@@ -529,16 +553,7 @@ class Replica:
         for e in ends_at:
             b = len(cols)
             part = ctx[s:e] if b == B else ctx[s:e, cols]
-            features = self.cost.decode_features(part, 1 + k)
-            # the batch is fixed, so only attention changes from step to step
-            if type(features.num_tokens) is float and type(features.num_seqs) is float \
-                    and type(features.num_sampled) is float and type(features.verify_seqs) is float:
-                step = features                                      # one value for all steps already
-            else:
-                step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs),
-                                    _first(features.num_sampled), features.attn_flops, features.kv_read_bytes,
-                                    _first(features.verify_seqs))
-            parts = self.cost.time_parts(step)
+            step, parts = self._decode_parts(part, 1 + k)
             if k:
                 parts["draft"] = self.spec.draft_time_steps(b, step.num_tokens, _add_reduce(part, 1), k)
             durations = sum(parts.values())
@@ -674,15 +689,7 @@ class Replica:
             K = 1 + int(np.argmin(need <= self.free_blocks))
             emitted, ctx = emitted[:K], ctx[:K]
             last_blocks = None
-        features = self.cost.decode_features(ctx, 1 + k)
-        # the batch is fixed, so only attention changes from step to step
-        if type(features.num_tokens) is float and type(features.num_seqs) is float \
-                and type(features.num_sampled) is float and type(features.verify_seqs) is float:
-            step = features                                          # one value for all steps already
-        else:
-            step = StepFeatures(_first(features.num_tokens), _first(features.num_seqs), _first(features.num_sampled),
-                                features.attn_flops, features.kv_read_bytes, _first(features.verify_seqs))
-        parts = self.cost.time_parts(step)
+        step, parts = self._decode_parts(ctx, 1 + k)
         if k:
             parts["draft"] = self.spec.draft_time_steps(B, step.num_tokens, _add_reduce(ctx, 1), k)
         durations = sum(parts.values())

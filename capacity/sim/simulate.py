@@ -8,7 +8,9 @@ statistics.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import threading
 import time
 from collections import OrderedDict
@@ -115,8 +117,9 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
 
 _SHARED: "OrderedDict[str, Any]" = OrderedDict()   # fingerprint -> a StepCostModel or a steps memo
 _SHARED_MAX = 16   # entries kept: two per deployment (its StepCostModel; its drafter memo, 2-8 MB)
-# caches, not inputs: StepCostModel.tables (attention tables filled as contexts grow) and a DraftCost's memos
-_DERIVED = frozenset({"tables"}) | DraftCost.MEMO_ATTRIBUTES
+# caches, not inputs: StepCostModel.tables (attention tables filled as contexts grow) and _shape_memo, and a
+# DraftCost's memos
+_DERIVED = frozenset({"tables", "_shape_memo"}) | DraftCost.MEMO_ATTRIBUTES
 _SHARED_LOCK = threading.Lock()                     # a sweep may simulate in threads
 
 
@@ -404,6 +407,22 @@ class SimulationResult:
         return d.tensor_parallel_size * d.replicas
 
 
+@contextlib.contextmanager
+def _without_cyclic_gc():
+    """The cyclic garbage collector off while the engine runs: a simulation makes almost no cyclic
+    garbage (a dozen objects in 3,000 requests on 8 replicas, measured with the collector off), so
+    its collections, triggered by the many short-lived objects of every step, would only scan live
+    ones. Reference counting still frees everything else; the collector is turned back on after
+    (unless it was off already)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def run(scenario: Scenario, speculation: Speculation | None = None,
         stream: RequestStream | None = None) -> SimulationResult:
     """Simulate a scenario. Deterministic for a given scenario (its seed included)."""
@@ -437,10 +456,11 @@ def run(scenario: Scenario, speculation: Speculation | None = None,
     last_arrival = float(np.nanmax(stream.arrival_s)) if open_loop else 0.0
     horizon = scenario.simulation.max_sim_time_s or (last_arrival * 1.5 + 300.0 + _longest_think_s(stream)
                                                      if open_loop else None)
-    if horizon is None:
-        env.run(until=cluster.all_done)
-    else:
-        env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
+    with _without_cyclic_gc():
+        if horizon is None:
+            env.run(until=cluster.all_done)
+        else:
+            env.run(until=env.any_of([cluster.all_done, env.timeout(horizon)]))
     for r in cluster.replicas:
         r.flush()                                   # requests still running at the horizon
     requests = _request_columns(cluster, stream)

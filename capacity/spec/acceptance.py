@@ -134,6 +134,9 @@ class AcceptanceModel(Protocol):
 
 
 def _ids_spec(ids: np.ndarray, num_spec: np.ndarray | int) -> tuple[np.ndarray, np.ndarray]:
+    if type(ids) is np.ndarray and type(num_spec) is np.ndarray and ids.ndim == 1 and ids.dtype == np.int64 \
+            and num_spec.dtype == np.int64 and num_spec.shape == ids.shape:
+        return ids, num_spec                                         # the engine's (as below, without copies)
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     spec = np.asarray(num_spec, dtype=np.int64)
     return ids, (spec if spec.shape == ids.shape else np.broadcast_to(spec, ids.shape))

@@ -425,14 +425,19 @@ class DraftCost:
             return self.time_s(float(key[0]), key[1], context_tokens_sum.astype(float), float(key[2]))
         size = min(self._MEMO_BLOCK_PER_SEQ * key[0], self._MEMO_MAX_BLOCK)    # C grows with B
         few = context_tokens_sum.tolist() if len(context_tokens_sum) < 32 else None   # a few: plain Python
-        lo, hi = (min(few), max(few)) if few else (int(context_tokens_sum.min()), int(context_tokens_sum.max()))
+        lo, hi = (min(few), max(few)) if few else (int(np.minimum.reduce(context_tokens_sum)),   # .min(), .max()
+                                                   int(np.maximum.reduce(context_tokens_sum)))
         lo, hi = lo // size, hi // size
-        blocks = self._steps_memo.setdefault(key, {})
-        for b in range(lo, hi + 1):
-            if b not in blocks:
-                blocks[b] = self.time_s(float(key[0]), key[1], np.arange(b * size, (b + 1) * size, dtype=float),
-                                        float(key[2]))
-        table = blocks[lo] if lo == hi else np.concatenate([blocks[b] for b in range(lo, hi + 1)])
+        blocks = self._steps_memo.get(key)
+        if blocks is None:
+            blocks = self._steps_memo[key] = {}
+        table = blocks.get(lo) if lo == hi else None                 # the usual case: one block, priced
+        if table is None:
+            for b in range(lo, hi + 1):
+                if b not in blocks:
+                    blocks[b] = self.time_s(float(key[0]), key[1], np.arange(b * size, (b + 1) * size, dtype=float),
+                                            float(key[2]))
+            table = blocks[lo] if lo == hi else np.concatenate([blocks[b] for b in range(lo, hi + 1)])
         return table[context_tokens_sum - lo * size]
 
     def step_time_s(self, new_tokens: np.ndarray | list[int], context_tokens: np.ndarray | list[int],
