@@ -71,6 +71,16 @@ decode or prefill step is priced as before):
   show; large GEMMs (prefill) approach the ceiling and small-M decode GEMMs stay bound by their
   weight bytes through the roofline's max(). Calls per step: `gemm_calls` (vLLM's fused linear
   layers). Experts get the same curve at the experts' compute dtype, times `moe`.
+* Fixed time per GEMM kernel (opt-in per hardware profile: its `gemm_call_us`). A GEMM call inside a
+  graph-replayed step takes `gemm_call_us + max(FLOPs / rate, weight bytes / bandwidth)`: the intercept of a
+  sweep of the models' own GEMM shapes (M = 1...8192 tokens, back to back in one CUDA graph, weights several
+  times the L2 cache; scripts/gpu_microbench.py), which no single-GEMM benchmark shows. On an H200 the 182
+  such calls fit with 5.2 us per call, weights streamed at 4.0 TB/s and 0.73 / 0.66 of the bf16 / fp8 peaks
+  (median error 5.7 %); without the intercept the same fit needs 3.4 TB/s and misses by 8.3 / 21.6 % (median
+  / p90, capacity/data/measurements/gpu_microbench_h200.csv). Each step pays it for every GEMM kernel it
+  runs (`gemm_calls`: vLLM's fused linear layers and FusedMoE's two grouped GEMMs per MoE layer), so it is a
+  fixed cost counted from the model's structure; the rest of a layer's fixed time stays in
+  `layer_overhead_us`.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
   every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
@@ -556,6 +566,9 @@ class StepCostModel:
         w_expert = gpu.gemm_w_half_flops(model.compute_weight_dtype) if model.num_moe_layers else None
         self._expert_curve = None if w_expert is None else (gpu.gemm_ceiling(model.compute_weight_dtype),
                                                             expert_calls * w_expert)
+        # fixed time per GEMM kernel beyond its roofline (a profile's opt-in `gemm_call_us`; module docstring)
+        self._dense_call_s = dense_calls * gpu.gemm_call_us * 1e-6
+        self._expert_call_s = expert_calls * gpu.gemm_call_us * 1e-6
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
         self.tables = AttentionTables(model)
@@ -700,6 +713,8 @@ class StepCostModel:
         before: dict[str, np.ndarray | float] = {
             "dense_gemm": fast_maximum(dense_compute_s, m.dense_weight_bytes / (tp * bw)),
         }
+        if self._dense_call_s:
+            before["dense_gemm"] = before["dense_gemm"] + self._dense_call_s
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
             moe = eff[self.moe_efficiency_key]
@@ -712,6 +727,8 @@ class StepCostModel:
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)
+            if self._expert_call_s:
+                before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
         snapshot = None
         if m.num_linear_attention_layers:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)

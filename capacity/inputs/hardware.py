@@ -64,7 +64,7 @@ SCALAR_KEYS = (
     "cost_per_gpu_hour_usd",
 )
 
-OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer", "hbm_runtime_gib")
+OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer", "gemm_call_us", "hbm_runtime_gib")
 """Scalar keys a profile may leave out. `hbm_runtime_gib`: the device memory the runtime reports
 (`torch.cuda.mem_get_info()` total, which vLLM multiplies by gpu_memory_utilization), in GiB; absent: the
 vendor's `hbm_capacity_gb` read as 1e9 bytes (conservative). `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
@@ -72,11 +72,14 @@ direct link per peer, e.g. AMD Infinity Fabric on an 8-GPU platform: 7), so a te
 uses only t - 1 of them; absent: a switched fabric (NVLink through NVSwitch) where every GPU reaches its peers
 through its whole scale-up bandwidth at any group size. `kernels_per_dense_layer`: opt-in, the kernels a dense
 decoder layer launches (9, counted from vLLM's model code); with it `efficiency.layer_overhead_us` is the fixed
-time of a dense layer's kernels and a MoE layer counts by its own kernels (step_cost.layer_overhead_units)."""
+time of a dense layer's kernels and a MoE layer counts by its own kernels (step_cost.layer_overhead_units).
+`gemm_call_us`: the fixed time of one GEMM kernel in a graph-replayed step beyond its roofline (the intercept of a
+serving-shape GEMM sweep, time = gemm_call_us + max(compute, weight bytes)); each of a step's GEMM calls
+(step_cost.gemm_calls) pays it; absent: 0."""
 
 _SCALAR_ORDER = ("hbm_capacity_gb", "hbm_runtime_gib",
                  *SCALAR_KEYS[1:SCALAR_KEYS.index("scaleup_world_size") + 1], "scaleup_links_per_gpu",
-                 "kernels_per_dense_layer", *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
+                 "kernels_per_dense_layer", "gemm_call_us", *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
 """Every scalar key in the order of the YAML files (the optional ones beside the keys they qualify)."""
 
 OVERRIDE_BASIS = "override"
@@ -98,6 +101,7 @@ _EXPECTED_UNIT = {
     "scaleup_world_size": "GPUs",
     "scaleup_links_per_gpu": "links",
     "kernels_per_dense_layer": "kernels",
+    "gemm_call_us": "us",
     "hbm_runtime_gib": "GiB",
     "board_power_w": "W",
     "cost_per_gpu_hour_usd": "USD/GPU-hour",
@@ -189,6 +193,8 @@ class GpuProfile:
     hbm_runtime_gib: float = 0.0
     """Device memory as the runtime reports it, GiB (OPTIONAL_SCALAR_KEYS); 0: not stated."""
     kernels_per_dense_layer: int = 0
+    gemm_call_us: float = 0.0
+    """Fixed time of one GEMM kernel beyond its roofline, us (OPTIONAL_SCALAR_KEYS); 0: none."""
     """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
     W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
@@ -316,6 +322,7 @@ class GpuProfile:
             "scaleup_world_size": self.scaleup_world_size,
             "scaleup_links_per_gpu": self.scaleup_links_per_gpu,
             "kernels_per_dense_layer": self.kernels_per_dense_layer,
+            "gemm_call_us": self.gemm_call_us,
             "hbm_runtime_gib": self.hbm_runtime_gib,
             "board_power_w": self.board_power_w,
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
@@ -472,6 +479,7 @@ class _ProfileModel(BaseModel):
     scaleup_world_size: _LeafModel
     scaleup_links_per_gpu: _LeafModel | None = None
     kernels_per_dense_layer: _LeafModel | None = None
+    gemm_call_us: _LeafModel | None = None
     hbm_runtime_gib: _LeafModel | None = None
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
@@ -593,11 +601,12 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
             out[k] = Sourced(value=r.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({r.basis})",
                              source=f"{sibling.name} profile: {r.source}", unit=r.unit, note=r.note)
     # so does the kernel count its per-layer overhead was fitted with (the overhead's meaning depends on it)
-    kernels = sibling.provenance.get("kernels_per_dense_layer")
-    if kernels is not None and "kernels_per_dense_layer" not in own:
-        out["kernels_per_dense_layer"] = Sourced(value=kernels.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({kernels.basis})",
-                                                 source=f"{sibling.name} profile: {kernels.source}", unit=kernels.unit,
-                                                 note=kernels.note)
+    # and the GEMM kernels' fixed time (a property of the silicon and its GEMM library, like the efficiencies)
+    for key in ("kernels_per_dense_layer", "gemm_call_us"):
+        kernels = sibling.provenance.get(key)
+        if kernels is not None and key not in own:
+            out[key] = Sourced(value=kernels.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({kernels.basis})",
+                               source=f"{sibling.name} profile: {kernels.source}", unit=kernels.unit, note=kernels.note)
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
@@ -674,7 +683,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
                      "efficiency.request_overhead_ms", "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
-                     "scaleup_latency_us",
+                     "scaleup_latency_us", "gemm_call_us",
                      "cost_per_gpu_hour_usd"):
             if value < 0:
                 fail(key, f"must be >= 0, got {value:g}")
@@ -717,6 +726,7 @@ def _profile_from_provenance(
         kernels_per_dense_layer=(int(provenance["kernels_per_dense_layer"].value)
                                  if "kernels_per_dense_layer" in provenance else 0),
         hbm_runtime_gib=float(provenance["hbm_runtime_gib"].value) if "hbm_runtime_gib" in provenance else 0.0,
+        gemm_call_us=float(provenance["gemm_call_us"].value) if "gemm_call_us" in provenance else 0.0,
     )
 
 
