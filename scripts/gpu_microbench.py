@@ -11,6 +11,10 @@ keeps with the machine it ran on.
 
     python scripts/gpu_microbench.py --out OUT_DIR            # the whole set (about 2-3 min on an H200)
     python scripts/gpu_microbench.py --out OUT_DIR --quick --device cpu   # the logic, tiny sizes, no graphs
+    python scripts/gpu_microbench.py --out OUT_DIR --sections moe,verify_attention   # some sections only
+
+The sections moe, decode_attention_packed, verify_attention and gemm_steps were added after the H200 run of
+2026-12-04 (capacity/data/measurements/gpu_microbench_h200.csv) and have run only in --quick mode on a CPU.
 """
 
 from __future__ import annotations
@@ -195,6 +199,40 @@ def decode_attention_cases(timer: Timer, device: str, batches, contexts, q_heads
                     torch.cuda.empty_cache()
 
 
+def packed_decode_attention_cases(timer: Timer, device: str, batches, contexts, queries=(1,), group=8, kv_heads=8,
+                                  head_dim=128, max_kv_bytes=8 * 2**30, flush=L2_FLUSH_BYTES):
+    """Decode and verification attention with the GQA group packed into the query rows (what FlashAttention-3's
+    pack_gqa and FlashInfer's decode do): each KV head meets `group` x `q` query rows of its sequence, as a
+    non-causal SDPA of (batch, kv_heads, group x q, head_dim) against (batch, kv_heads, context, head_dim).
+    q = 1 is decode; q = 1 + N is a verification step of N drafts (the causal mask among the N is ignored)."""
+    for b in batches:
+        for c in contexts:
+            kv_bytes = 2 * b * kv_heads * c * head_dim * 2
+            if kv_bytes > max_kv_bytes:
+                continue
+            copies = copies_for(kv_bytes, flush)
+            kvs = None
+            try:
+                kvs = [(torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16),
+                        torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16))
+                       for _ in range(copies)]
+                for q_len in queries:
+                    q = torch.randn(b, kv_heads, group * q_len, head_dim, device=device, dtype=torch.bfloat16)
+                    be = pick_backend(q, *kvs[0], False)
+                    calls = [lambda kk=kk, vv=vv: sdpa(q, kk, vv, False, False, be) for kk, vv in kvs]
+                    us = timer.per_call_us(calls)
+                    flops = 4.0 * b * kv_heads * group * q_len * c * head_dim
+                    yield row(kind="decode_attention_packed", dtype="bf16", m=q_len, batch=b, context=c,
+                              heads=f"{group * kv_heads}/{kv_heads}", us_per_call=us, tflops=flops / us / 1e6,
+                              tb_s=kv_bytes / us / 1e6, note=f"torch SDPA {be.name}, GQA packed, m = query tokens per sequence")
+            except Exception as exc:    # noqa: BLE001
+                yield row(kind="decode_attention_packed", batch=b, context=c, note=f"failed: {exc!s:.80}")
+            finally:
+                kvs = None
+                if device != "cpu":
+                    torch.cuda.empty_cache()
+
+
 def prefill_attention_cases(timer: Timer, device: str, lengths, q_heads=32, kv_heads=8, head_dim=128):
     """Causal self-attention of one prompt (heads of Llama-3.1-8B), FLOPs counted as the causal half."""
     for s in lengths:
@@ -278,6 +316,42 @@ def decoder_layer_cases(timer: Timer, device: str, batches, context=1024, layers
                 torch.cuda.empty_cache()
 
 
+# (model, experts, experts per token, hidden, expert intermediate) of routed-expert layers, TP1
+MOE_SHAPES = (("gpt-oss-120b", 128, 4, 2880, 2880), ("MiniMax-M2.5", 256, 8, 3072, 1536))
+
+
+def moe_cases(timer: Timer, device: str, shapes, tokens, flush=L2_FLUSH_BYTES, seed=0):
+    """The two grouped GEMMs of a routed-expert layer (w13: hidden -> 2 x intermediate, w2: intermediate ->
+    hidden; torch._grouped_mm, bf16) for `tokens` tokens routed uniformly at random to `experts per token`
+    distinct experts, as FusedMoE sorts them by expert. Bytes: the weights of the experts touched."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    for model, experts, top_k, hidden, inter in shapes:
+        for name, n_out, k_in in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
+            expert_bytes = n_out * k_in * 2
+            copies = copies_for(experts * expert_bytes, flush)
+            ws = [torch.randn(experts, n_out, k_in, device=device, dtype=torch.bfloat16).transpose(-2, -1)
+                  for _ in range(copies)]
+            for t in tokens:
+                try:
+                    choice = torch.rand(t, experts, generator=gen).topk(top_k, dim=1).indices.flatten()
+                    counts = torch.bincount(choice, minlength=experts)
+                    offs = torch.cumsum(counts, 0).to(torch.int32).to(device)
+                    touched = int((counts > 0).sum())
+                    a = torch.randn(t * top_k, k_in, device=device, dtype=torch.bfloat16)
+                    calls = [lambda w=w: torch._grouped_mm(a, w, offs=offs) for w in ws]
+                    us = timer.per_call_us(calls)
+                    moved = touched * expert_bytes + t * top_k * (k_in + n_out) * 2
+                    yield row(kind="moe_grouped_gemm", dtype="bf16", m=t, n=n_out, k=k_in, batch=touched,
+                              heads=f"{experts}/{top_k}", us_per_call=us,
+                              tflops=2.0 * t * top_k * n_out * k_in / us / 1e6, tb_s=moved / us / 1e6,
+                              note=f"{model} {name}; batch = experts touched")
+                except Exception as exc:    # noqa: BLE001
+                    yield row(kind="moe_grouped_gemm", m=t, note=f"{model} {name} failed: {exc!s:.80}")
+            del ws
+            if device != "cpu":
+                torch.cuda.empty_cache()
+
+
 def environment(device: str) -> dict:
     env = {"torch": torch.__version__, "device": device, "date": time.strftime("%Y-%m-%d")}
     if device != "cpu":
@@ -299,6 +373,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a check of the logic)")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--sections", help="comma-separated section names to run (default: all)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     timer = Timer(args.device, 3 if args.quick else args.reps, 1 if args.quick else 3)
@@ -312,6 +387,9 @@ def main(argv=None) -> int:
             ("prefill_attention", lambda: prefill_attention_cases(timer, dev, (64,), 4, 2, 64)),
             ("kernel", lambda: kernel_cases(timer, dev)),
             ("decoder_layer", lambda: decoder_layer_cases(timer, dev, (1, 2), 64, 2, (128, 256, 4, 2, 32))),
+            ("moe", lambda: moe_cases(timer, dev, (("tiny", 8, 2, 64, 32),), (1, 8), flush=2**20)),
+            ("decode_attention_packed", lambda: packed_decode_attention_cases(
+                timer, dev, (1, 2), (64,), (1, 3), 4, 2, 64, flush=2**20)),
         ]
     else:
         sections = [
@@ -326,7 +404,16 @@ def main(argv=None) -> int:
                 timer, dev, (1, 4, 16, 64, 256), (256, 1024, 4096, 16384, 65536))),
             ("prefill_attention", lambda: prefill_attention_cases(timer, dev, (512, 1024, 2048, 4096, 8192, 16384))),
             ("decoder_layer", lambda: decoder_layer_cases(timer, dev, (1, 16, 64, 256))),
+            ("moe", lambda: moe_cases(timer, dev, MOE_SHAPES, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096))),
+            ("decode_attention_packed", lambda: packed_decode_attention_cases(
+                timer, dev, (1, 4, 16, 64, 256), (256, 1024, 4096, 16384, 65536))),
+            ("verify_attention", lambda: packed_decode_attention_cases(
+                timer, dev, (16, 64), (1024, 4096), (1, 2, 3, 4, 5, 8, 16))),
+            ("gemm_steps", lambda: gemm_cases(timer, dev, LLAMA_8B[2:3], "bf16", range(16, 529, 16), L2_FLUSH_BYTES)),
         ]
+    if args.sections:
+        wanted = set(args.sections.split(","))
+        sections = [(n, f) for n, f in sections if n in wanted]
     (args.out / "environment.json").write_text(json.dumps(environment(dev), indent=1) + "\n")
     with open(args.out / "microbench.csv", "w", newline="") as fh:
         out = csv.DictWriter(fh, fieldnames=FIELDS)
