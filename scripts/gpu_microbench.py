@@ -169,34 +169,41 @@ def pick_backend(q, k, v, causal: bool):
     raise RuntimeError("no fused SDPA backend takes these shapes")
 
 
-def decode_attention_cases(timer: Timer, device: str, batches, contexts, q_heads=64, kv_heads=8, head_dim=128,
-                           max_kv_bytes=8 * 2**30, flush=L2_FLUSH_BYTES):
-    """One query token per sequence against a context of KV (contiguous, not paged: torch's SDPA), the
-    heads of Llama-3.3-70B at TP1 (64 query, 8 KV heads of 128)."""
+def kv_caches(device: str, batches, contexts, kv_heads: int, head_dim: int, max_kv_bytes: int, flush: int):
+    """(batch, context, KV bytes, [(K, V) copies]) for every batch x context whose KV fits `max_kv_bytes`;
+    enough copies that one sequence of calls streams `flush` bytes. Freed after each case."""
     for b in batches:
         for c in contexts:
             kv_bytes = 2 * b * kv_heads * c * head_dim * 2
             if kv_bytes > max_kv_bytes:
                 continue
-            copies = copies_for(kv_bytes, flush)
+            kvs = [(torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16),
+                    torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16))
+                   for _ in range(copies_for(kv_bytes, flush))]
             try:
-                q = torch.randn(b, q_heads, 1, head_dim, device=device, dtype=torch.bfloat16)
-                kvs = [(torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16),
-                        torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16))
-                       for _ in range(copies)]
-                be = pick_backend(q, *kvs[0], False)
-                calls = [lambda kk=kk, vv=vv: sdpa(q, kk, vv, False, True, be) for kk, vv in kvs]
-                us = timer.per_call_us(calls)
-                flops = 4.0 * b * q_heads * c * head_dim
-                yield row(kind="decode_attention", dtype="bf16", batch=b, context=c, heads=f"{q_heads}/{kv_heads}",
-                          us_per_call=us, tflops=flops / us / 1e6, tb_s=kv_bytes / us / 1e6,
-                          note=f"torch SDPA {be.name}, contiguous KV")
-            except Exception as exc:    # noqa: BLE001
-                yield row(kind="decode_attention", batch=b, context=c, note=f"failed: {exc!s:.80}")
+                yield b, c, kv_bytes, kvs
             finally:
-                kvs = None
+                del kvs
                 if device != "cpu":
                     torch.cuda.empty_cache()
+
+
+def decode_attention_cases(timer: Timer, device: str, batches, contexts, q_heads=64, kv_heads=8, head_dim=128,
+                           max_kv_bytes=8 * 2**30, flush=L2_FLUSH_BYTES):
+    """One query token per sequence against a context of KV (contiguous, not paged: torch's SDPA), the
+    heads of Llama-3.3-70B at TP1 (64 query, 8 KV heads of 128)."""
+    for b, c, kv_bytes, kvs in kv_caches(device, batches, contexts, kv_heads, head_dim, max_kv_bytes, flush):
+        try:
+            q = torch.randn(b, q_heads, 1, head_dim, device=device, dtype=torch.bfloat16)
+            be = pick_backend(q, *kvs[0], False)
+            calls = [lambda kk=kk, vv=vv: sdpa(q, kk, vv, False, True, be) for kk, vv in kvs]
+            us = timer.per_call_us(calls)
+            flops = 4.0 * b * q_heads * c * head_dim
+            yield row(kind="decode_attention", dtype="bf16", batch=b, context=c, heads=f"{q_heads}/{kv_heads}",
+                      us_per_call=us, tflops=flops / us / 1e6, tb_s=kv_bytes / us / 1e6,
+                      note=f"torch SDPA {be.name}, contiguous KV")
+        except Exception as exc:    # noqa: BLE001
+            yield row(kind="decode_attention", batch=b, context=c, note=f"failed: {exc!s:.80}")
 
 
 def packed_decode_attention_cases(timer: Timer, device: str, batches, contexts, queries=(1,), group=8, kv_heads=8,
@@ -205,32 +212,19 @@ def packed_decode_attention_cases(timer: Timer, device: str, batches, contexts, 
     pack_gqa and FlashInfer's decode do): each KV head meets `group` x `q` query rows of its sequence, as a
     non-causal SDPA of (batch, kv_heads, group x q, head_dim) against (batch, kv_heads, context, head_dim).
     q = 1 is decode; q = 1 + N is a verification step of N drafts (the causal mask among the N is ignored)."""
-    for b in batches:
-        for c in contexts:
-            kv_bytes = 2 * b * kv_heads * c * head_dim * 2
-            if kv_bytes > max_kv_bytes:
-                continue
-            copies = copies_for(kv_bytes, flush)
-            kvs = None
+    for b, c, kv_bytes, kvs in kv_caches(device, batches, contexts, kv_heads, head_dim, max_kv_bytes, flush):
+        for q_len in queries:
             try:
-                kvs = [(torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16),
-                        torch.randn(b, kv_heads, c, head_dim, device=device, dtype=torch.bfloat16))
-                       for _ in range(copies)]
-                for q_len in queries:
-                    q = torch.randn(b, kv_heads, group * q_len, head_dim, device=device, dtype=torch.bfloat16)
-                    be = pick_backend(q, *kvs[0], False)
-                    calls = [lambda kk=kk, vv=vv: sdpa(q, kk, vv, False, False, be) for kk, vv in kvs]
-                    us = timer.per_call_us(calls)
-                    flops = 4.0 * b * kv_heads * group * q_len * c * head_dim
-                    yield row(kind="decode_attention_packed", dtype="bf16", m=q_len, batch=b, context=c,
-                              heads=f"{group * kv_heads}/{kv_heads}", us_per_call=us, tflops=flops / us / 1e6,
-                              tb_s=kv_bytes / us / 1e6, note=f"torch SDPA {be.name}, GQA packed, m = query tokens per sequence")
+                q = torch.randn(b, kv_heads, group * q_len, head_dim, device=device, dtype=torch.bfloat16)
+                be = pick_backend(q, *kvs[0], False)
+                calls = [lambda kk=kk, vv=vv: sdpa(q, kk, vv, False, False, be) for kk, vv in kvs]
+                us = timer.per_call_us(calls)
+                flops = 4.0 * b * kv_heads * group * q_len * c * head_dim
+                yield row(kind="decode_attention_packed", dtype="bf16", m=q_len, batch=b, context=c,
+                          heads=f"{group * kv_heads}/{kv_heads}", us_per_call=us, tflops=flops / us / 1e6,
+                          tb_s=kv_bytes / us / 1e6, note=f"torch SDPA {be.name}, GQA packed, m = query tokens per sequence")
             except Exception as exc:    # noqa: BLE001
-                yield row(kind="decode_attention_packed", batch=b, context=c, note=f"failed: {exc!s:.80}")
-            finally:
-                kvs = None
-                if device != "cpu":
-                    torch.cuda.empty_cache()
+                yield row(kind="decode_attention_packed", m=q_len, batch=b, context=c, note=f"failed: {exc!s:.80}")
 
 
 def prefill_attention_cases(timer: Timer, device: str, lengths, q_heads=32, kv_heads=8, head_dim=128):

@@ -4,7 +4,7 @@
 
 For each SOURCE:TARGET pair the TARGET's rows (capacity/data/measurements/serving_vllm.csv) are
 simulated on the TARGET's own datasheet (peaks, HBM, scale-up, power) with every `efficiency` entry of
-the SOURCE's shipped profile (fitted values included, with its `kernels_per_dense_layer`) - what
+the SOURCE's shipped profile (fitted values included, with its `kernels_per_dense_layer` and `gemm_call_us`) - what
 `family_transfer` does for a GPU without
 serving rows (hw_profiles/README.md). Within a family (H100 <-> H200, both Hopper) this is the
 out-of-sample error a user gets for a sibling GPU; across a generation (MI300X -> MI355X) it is the hard
@@ -62,6 +62,8 @@ def main() -> None:
         overrides = {"efficiency": dict(src.efficiency)}
         if src.kernels_per_dense_layer:   # a layer overhead fitted per dense layer's kernels needs its count
             overrides["kernels_per_dense_layer"] = src.kernels_per_dense_layer
+        if src.gemm_call_us:              # so does a per-GEMM-call time the efficiencies were fitted with
+            overrides["gemm_call_us"] = src.gemm_call_us
         out = serving.run(gpus=[target], gpu_overrides=overrides, workers=args.workers,
                           max_rows=args.max_rows, progress=False).rows
         res = {"source": source, "target": target, "transferred": errors(out)}
