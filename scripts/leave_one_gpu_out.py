@@ -62,8 +62,7 @@ def main() -> None:
         overrides = {"efficiency": dict(src.efficiency)}
         if src.kernels_per_dense_layer:   # a layer overhead fitted per dense layer's kernels needs its count
             overrides["kernels_per_dense_layer"] = src.kernels_per_dense_layer
-        if src.gemm_call_us:              # so does a per-GEMM-call time the efficiencies were fitted with
-            overrides["gemm_call_us"] = src.gemm_call_us
+        overrides["gemm_call_us"] = src.gemm_call_us   # so does the per-GEMM-call time they were fitted with (0: none)
         out = serving.run(gpus=[target], gpu_overrides=overrides, workers=args.workers,
                           max_rows=args.max_rows, progress=False).rows
         res = {"source": source, "target": target, "transferred": errors(out)}
