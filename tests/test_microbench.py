@@ -101,3 +101,22 @@ def test_moe_layers_pay_it_for_their_grouped_gemms():
     a, b = StepCostModel(without, m), StepCostModel(g, m)
     f = a.features([1], [100])
     assert b.time_parts(f)["moe_gemm"] - a.time_parts(f)["moe_gemm"] == pytest.approx(expert_calls * 5.15e-6)
+
+
+def test_a_family_transfer_carries_the_per_call_time(tmp_path):
+    """A sibling's efficiencies were fitted with its per-call time, so a transferred profile takes both
+    (as it takes the kernel count); a sibling without one leaves 0."""
+    import re
+    root = hw_profiles_dir()
+    sibling_text = (root / "MI300X.yaml").read_text()
+    leaf = ("gemm_call_us:\n  value: 4.0\n  unit: us\n  basis: assumed\n  source: a test value\n")
+    with_call = tmp_path / "MI300X_call.yaml"
+    with_call.write_text(sibling_text.replace("board_power_w:\n", leaf + "board_power_w:\n", 1))
+    child_text = (root / "MI325X.yaml").read_text()
+    for sibling, expected in ((with_call, 4.0), (root / "MI300X.yaml", 0.0)):
+        child = tmp_path / f"MI325X_{expected}.yaml"
+        child.write_text(re.sub(r"(family_transfer:\n  from: ).*", r"\g<1>" + str(sibling), child_text))
+        g = load_gpu(child)
+        assert g.gemm_call_us == expected
+        if expected:
+            assert g.provenance["gemm_call_us"].basis.startswith("transferred from MI300X")

@@ -603,10 +603,10 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
     # so does the kernel count its per-layer overhead was fitted with (the overhead's meaning depends on it)
     # and the GEMM kernels' fixed time (a property of the silicon and its GEMM library, like the efficiencies)
     for key in ("kernels_per_dense_layer", "gemm_call_us"):
-        kernels = sibling.provenance.get(key)
-        if kernels is not None and key not in own:
-            out[key] = Sourced(value=kernels.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({kernels.basis})",
-                               source=f"{sibling.name} profile: {kernels.source}", unit=kernels.unit, note=kernels.note)
+        record = sibling.provenance.get(key)
+        if record is not None and key not in own:
+            out[key] = Sourced(value=record.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({record.basis})",
+                               source=f"{sibling.name} profile: {record.source}", unit=record.unit, note=record.note)
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
