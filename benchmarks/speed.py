@@ -249,6 +249,11 @@ def main() -> None:
             tree = _worktree(rev, tmp)
             versions.append(Version(f"before ({rev})", tree, tmp))
         try:
+            if tree is not None and not (tree / "capacity" / "sim" / "simulate.py").exists():
+                # a tree before the layout (3a06c49): the worker's imports would fall through to the installed
+                # package and time this tree's code under the reference's name
+                raise SystemExit(f"speed.py: {rev} predates the capacity/sim layout (3a06c49); run that revision's "
+                                 "own benchmarks/speed.py in a worktree of it (PYTHONPATH=<tree>) instead")
             run(args, versions)
         finally:
             for v in versions:
