@@ -90,9 +90,12 @@ def worker() -> None:
         except Exception:                                   # an older tree: no such scenario or key
             return scenario.load(None, overrides) if name == SINGLE else None
 
+    # where the package and the engine came from, before anything runs: in a tree without capacity/sim (before
+    # the layout, 3a06c49) the import falls through to the installed package, which the driver then refuses
+    print(json.dumps({"capacity": capacity.__file__, "simulate": simulate.__file__}), flush=True)
     scenarios = {name: load(sc, overrides) for name, (_, sc, overrides) in CASES.items()}
     simulate.run(scenarios["default"])                     # warm-up: imports, model configs, caches
-    print(json.dumps({"capacity": capacity.__file__}), flush=True)
+    print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         name = line.strip()
         if name == "quit":
@@ -162,9 +165,12 @@ class Version:
         self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker"], env=self.env,
                                      cwd=self.cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         hello = json.loads(self.proc.stdout.readline())
-        where = Path(hello["capacity"]).resolve()
-        if self.root.resolve() not in where.parents:
-            raise SystemExit(f"{self.label}: the worker imported {where}, not the package under {self.root}")
+        for module in ("capacity", "simulate"):
+            where = Path(hello[module]).resolve()
+            if self.root.resolve() not in where.parents:
+                raise SystemExit(f"{self.label}: the worker imported {where}, not the package under {self.root} "
+                                 "(a revision before the capacity/sim layout, 3a06c49? run its own benchmarks/speed.py)")
+        json.loads(self.proc.stdout.readline())             # warmed up
 
     def warm(self, case: str) -> dict:
         self.proc.stdin.write(case + "\n")
@@ -173,8 +179,11 @@ class Version:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.stdin.write("quit\n")
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:                         # the worker has exited already (it failed)
+                pass
             self.proc.wait()
 
     def _child(self, cmd: list[str]) -> tuple[float, float, str, str]:
@@ -249,11 +258,6 @@ def main() -> None:
             tree = _worktree(rev, tmp)
             versions.append(Version(f"before ({rev})", tree, tmp))
         try:
-            if tree is not None and not (tree / "capacity" / "sim" / "simulate.py").exists():
-                # a tree before the layout (3a06c49): the worker's imports would fall through to the installed
-                # package and time this tree's code under the reference's name
-                raise SystemExit(f"speed.py: {rev} predates the capacity/sim layout (3a06c49); run that revision's "
-                                 "own benchmarks/speed.py in a worktree of it (PYTHONPATH=<tree>) instead")
             run(args, versions)
         finally:
             for v in versions:
