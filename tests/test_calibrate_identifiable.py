@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from capacity.fidelity import calibrate
@@ -16,7 +17,7 @@ class FakePricer:
     def __init__(self, tpot_ms: float):
         model = SimpleNamespace(num_moe_layers=0, num_layers=32)
         self.cost = SimpleNamespace(model=model, tp=1, moe_efficiency_key="moe")
-        self.rec = SimpleNamespace(row={"tpot_ms": tpot_ms})
+        self.rec = SimpleNamespace(row={"tpot_ms": tpot_ms}, prompt_tokens=np.array([1000]))
 
     def predict(self, eff):
         tpot = eff["step_overhead_ms"] + 8 * eff["per_seq_overhead_us"] * 1e-3 + 10.0 / eff["hbm"]

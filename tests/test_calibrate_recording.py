@@ -181,7 +181,8 @@ def test_the_kept_fit_is_the_round_with_the_lowest_simulated_cost(result_files, 
 
 def test_closed_loop_ends_solve_their_equation():
     """The one-pass step ends equal iterating end_k = c_k + max_{j<=k}(L_j - c_{j-1}) to its fixed
-    point, L_j = max(base_j, end[dispatch] + d) over requests first scheduled at step j, bit for bit."""
+    point, L_j = max(base_j, end[dispatch_i] + d_i) over requests i first scheduled at step j (d_i: a
+    request's own delay, e.g. a time per prompt token), bit for bit."""
     from capacity.fidelity.calibrate import ClosedLoopEnds
 
     rng = np.random.default_rng(3)
@@ -190,21 +191,27 @@ def test_closed_loop_ends_solve_their_equation():
         durations = rng.uniform(1e-3, 5e-2, n)
         c = np.cumsum(durations)
         c_prev = c - durations
-        d = float(rng.choice([0.0, rng.uniform(0, 0.2)]))
+        m = int(rng.integers(0, 3 * n))
+        # one delay for all (request_overhead_ms alone), or one per request
+        if trial % 2:
+            d = np.full(4 + m, float(rng.choice([0.0, rng.uniform(0, 0.2)])))
+        else:
+            d = rng.uniform(0, 0.2, 4 + m)
         first = rng.integers(0, n, 4)
         base = np.full(n, -np.inf)
         base[0] = 0.0
-        np.maximum.at(base, first, d)
-        m = int(rng.integers(0, 3 * n))
+        np.maximum.at(base, first, d[:4])
         dispatch = rng.integers(0, n - 1, m)
         join = np.minimum(dispatch + rng.integers(1, 30, m), n - 1)
 
         ends = c + np.maximum.accumulate(base - c_prev)
         for _ in range(m + 2):
             bounds = base.copy()
-            np.maximum.at(bounds, join, ends[dispatch] + d)
+            np.maximum.at(bounds, join, ends[dispatch] + d[4:])
             new = c + np.maximum.accumulate(bounds - c_prev)
             if np.array_equal(new, ends):
                 break
             ends = new
-        assert np.array_equal(ClosedLoopEnds(first, join, dispatch)(c, c_prev, d), ends), trial
+        join_step = np.concatenate([first, join])
+        dispatch_step = np.concatenate([np.full(4, -1), dispatch])
+        assert np.array_equal(ClosedLoopEnds(join_step, dispatch_step)(c, c_prev, d), ends), trial

@@ -4,7 +4,8 @@ JSON, calibrate from those files, and recover the known efficiency parameters (w
 The calibration set is chosen so that each fitted parameter moves some measured metric differently
 (Llama-3.1-8B, TP=1, closed loops): C=1 short prompts (decode: weights over hbm + per-step overhead;
 TTFT: request delay), C=1 prompts of 1500 and 6000 tokens (prefill: linear GEMM FLOPs vs quadratic
-attention FLOPs), C=8 and C=32 decode (KV reads over hbm, per-sequence overhead). The runs are
+attention FLOPs; TTFT also holds the serving stack's time per prompt token, which unlike GEMM time
+does not occupy the GPU, so the loaded C=32 run with 2000-token prompts tells them apart), C=8 and C=32 decode (KV reads over hbm, per-sequence overhead). The runs are
 simulated, and written, as vLLM 0.11 without async scheduling, where host time adds to GPU time
 and so can be seen at every load (with async scheduling it is hidden under these steps)."""
 
@@ -36,7 +37,7 @@ RUNS = [(1, 128, 128, 4), (1, 6000, 16, 3), (1, 1500, 16, 3), (32, 2000, 128, 64
 
 def truth() -> dict[str, float]:
     return dict(load_gpu("MI300X").efficiency, gemm=0.45, hbm=0.75, attention=0.25, step_overhead_ms=1.5,
-                per_seq_overhead_us=25.0, request_overhead_ms=20.0)
+                per_seq_overhead_us=25.0, request_overhead_ms=20.0, prompt_token_overhead_us=6.0)
 
 
 def _scenario(arrival: dict, n: int, inputs: dict, outputs: dict, eff: dict) -> dict:
@@ -102,7 +103,7 @@ def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys
     assert res["round_costs"][-1] < 1e-9   # the schedules recorded at the fit reproduce the runs exactly
     known = truth()
     assert set(res["fitted_keys"]) == {"gemm", "hbm", "attention", "step_overhead_ms", "per_seq_overhead_us",
-                                       "request_overhead_ms"}
+                                       "request_overhead_ms", "prompt_token_overhead_us"}
     assert set(res["not_fitted"]) == {"moe", "moe_int4", "allreduce", "layer_overhead_us"}
     for key in res["fitted_keys"]:
         assert res["fitted"][key] == pytest.approx(known[key], rel=0.05), key

@@ -11,7 +11,8 @@ request is sent when one finishes, i.e. at a step boundary). So each row is simu
 per-step features are kept (tokens, sequences, attention FLOPs, KV bytes), and for a candidate
 parameter set the step durations are priced with numpy and the row's latencies and throughputs
 read off their cumulative sum — the same numbers a full simulation with those parameters gives.
-That is exact for a closed loop with request_overhead_ms = 0. With a request delay, and for
+That is exact for a closed loop with no request delay (request_overhead_ms and
+prompt_token_overhead_us 0). With a request delay, and for
 open-loop (Poisson/gamma) runs, the schedule depends on timing: open-loop rows are re-priced with
 their idle gaps kept (a busy period starts at the later of the previous step's end and the
 recorded wake-up, shifted by the change in request delay), and `rounds` > 1 re-records every row
@@ -56,12 +57,20 @@ from capacity.measurements.clients import v0_engine
 from capacity.measurements.row_scenario import PROMPTS_PER_USER, row_scenario, row_stream
 from capacity.measurements.schemas import parse_float
 from capacity.sim import simulate
+from capacity.sim.simulate import request_delays_s
 
+# Upper bound of the serving stack's time per prompt token (us). basis: assumed: single-threaded Rust BPE
+# tokenisers (HF tokenizers, tiktoken) encode some 0.3-2 M tokens/s of ordinary text (0.5-3 us/token);
+# random-token text, a loaded API-server event loop and prefix-block hashing can make it several times
+# that, and 30 us/token (an 8k prompt: 0.25 s before scheduling) is well past anything a serving stack
+# that keeps up with its GPU shows. A fit on this bound is reported as failed.
+PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-               "layer_overhead_us", "request_overhead_ms")
+               "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us")
 BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
           "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
-          "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0)}
+          "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
+          "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull grows linearly, not quadratically
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
@@ -96,7 +105,8 @@ PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
 NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
-                 "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0}
+                 "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0,
+                 "prompt_token_overhead_us": 2.0}
 
 
 @dataclass
@@ -159,8 +169,8 @@ def record_row(row: dict[str, Any], prompts_per_user: int = PROMPTS_PER_USER,
 class ClosedLoopEnds:
     """Step end times of a recorded closed loop under new step durations:
     end_k = c_k + max_{j<=k}(L_j - c_prev_j), where L_j is the latest bound on step j: 0 for step 0,
-    d for a step that first schedules a request sent at t = 0, and (end of the step that dispatched
-    it) + d for every other request it first schedules.
+    d_i for a request i sent at t = 0 that step j first schedules, and (end of the step that
+    dispatched it) + d_i for every other request i it first schedules (d_i: request i's delay).
 
     Every dispatch precedes its join, so one pass over the steps with a bound, in order, settles
     each bound before it is used (the running max changes only there; a lookup finds it at a
@@ -168,28 +178,38 @@ class ClosedLoopEnds:
     The steps and their dispatches are fixed by the recording, so they are grouped once here.
     """
 
-    def __init__(self, first_join: np.ndarray, later_join: np.ndarray, later_dispatch: np.ndarray):
-        by_step: dict[int, list[int]] = {}
-        for j, k in zip(later_join.tolist(), later_dispatch.tolist()):
-            by_step.setdefault(j, []).append(k)
-        first = set(first_join.tolist())
-        self.steps = np.asarray(sorted(first | {0} | set(by_step)), dtype=np.int64)
-        self.first = [j in first for j in self.steps.tolist()]
-        self.dispatch = [by_step.get(j, []) for j in self.steps.tolist()]
-        self.flat_dispatch = np.asarray([k for ks in self.dispatch for k in ks], dtype=np.int64)
+    def __init__(self, join_step: np.ndarray, dispatch_step: np.ndarray):
+        first: dict[int, list[int]] = {}
+        later: dict[int, list[tuple[int, int]]] = {}
+        for i, (j, k) in enumerate(zip(join_step.tolist(), dispatch_step.tolist())):
+            if k < 0:
+                first.setdefault(j, []).append(i)
+            else:
+                later.setdefault(j, []).append((k, i))
+        steps = sorted(set(first) | {0} | set(later))
+        self.steps = np.asarray(steps, dtype=np.int64)
+        position = {j: n for n, j in enumerate(steps)}
+        self.first_position = np.asarray([position[j] for j in first for _ in first[j]], dtype=np.int64)
+        self.first_request = np.asarray([i for j in first for i in first[j]], dtype=np.int64)
+        self.dispatch = [[k for k, _ in later.get(j, [])] for j in steps]
+        self.flat_dispatch = np.asarray([k for j in steps for k, _ in later.get(j, [])], dtype=np.int64)
+        self.flat_request = np.asarray([i for j in steps for _, i in later.get(j, [])], dtype=np.int64)
 
-    def __call__(self, c: np.ndarray, c_prev: np.ndarray, d: float) -> np.ndarray:
+    def __call__(self, c: np.ndarray, c_prev: np.ndarray, d: np.ndarray) -> np.ndarray:
+        first_bound = np.full(len(self.steps), -math.inf)
+        np.maximum.at(first_bound, self.first_position, d[self.first_request])
         c_at_dispatch = iter(c[self.flat_dispatch].tolist())
+        d_later = iter(d[self.flat_request].tolist())
         m_steps: list[int] = []
         m_values: list[float] = []
         m = -math.inf
-        for j, first, ks, cp in zip(self.steps.tolist(), self.first, self.dispatch, c_prev[self.steps].tolist()):
-            bound = d if first else -math.inf
+        for j, bound, ks, cp in zip(self.steps.tolist(), first_bound.tolist(), self.dispatch,
+                                    c_prev[self.steps].tolist()):
             if j == 0:
                 bound = max(bound, 0.0)
             for k in ks:
                 end_k = next(c_at_dispatch) + m_values[bisect_right(m_steps, k) - 1]
-                bound = max(bound, end_k + d)
+                bound = max(bound, end_k + next(d_later))
             v = bound - cp
             if v > m:
                 m = v
@@ -214,25 +234,23 @@ class Repricer:
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
         starts = rec.step_end_s - np.asarray(self.cost.total_time(self.features, rec.record_eff), dtype=float)
-        reach = rec.arrival_s + rec.record_eff["request_overhead_ms"] * 1e-3
+        reach = rec.arrival_s + request_delays_s(rec.record_eff, rec.prompt_tokens)
         self.join_step = np.minimum(np.searchsorted(starts, reach - 1e-9, side="left"), len(starts) - 1)
         if not rec.open_loop:
-            first = rec.dispatch_step < 0
-            self.closed_loop = ClosedLoopEnds(self.join_step[first], self.join_step[~first],
-                                              rec.dispatch_step[~first])
+            self.closed_loop = ClosedLoopEnds(self.join_step, rec.dispatch_step)
 
     def _ends(self, durations: np.ndarray, efficiency: dict[str, float]) -> np.ndarray:
         """Step end times of the recorded schedule with new step durations.
 
         Steps run back to back, except that no step can start before the requests it first schedules
         have reached the engine: a request sent at a (open loop: recorded; closed loop: the end of the
-        step that freed its slot) arrives after the request delay d, so the first step that recorded it
-        starts at >= a + d. With C the cumulative durations, end_k = C_k + max_{j<=k}(L_j - C_{j-1})
+        step that freed its slot) arrives after its request delay d (`request_delays_s`), so the first
+        step that recorded it starts at >= a + d. With C the cumulative durations, end_k = C_k + max_{j<=k}(L_j - C_{j-1})
         (L_j: the latest such bound on step j). A closed loop's bounds depend on earlier ends
         (ClosedLoopEnds). At the recording parameters this reproduces the simulation exactly.
         """
         r = self.rec
-        d = efficiency["request_overhead_ms"] * 1e-3
+        d = request_delays_s(efficiency, r.prompt_tokens)
         c = np.cumsum(durations)
         c_prev = c - durations
         if not r.open_loop:
@@ -317,7 +335,8 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
 
     Structural rules: moe needs a MoE model (moe_int4 one with int4 experts), allreduce a run with TP > 1, layer_overhead_us runs of
     models with different layer counts (with one layer count it is the same constant per step as
-    step_overhead_ms). Then a sensitivity test: a key whose 10 % change moves no fitted metric by
+    step_overhead_ms), prompt_token_overhead_us runs with more than one prompt length (with one it is the
+    same constant per request as request_overhead_ms). Then a sensitivity test: a key whose 10 % change moves no fitted metric by
     more than 0.1 % (log-residual norm) is not identifiable from these runs.
     """
     why: dict[str, str] = {}
@@ -329,6 +348,9 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         why["moe_int4"] = "no MoE model with int4 (W4A16) experts in the runs"
     if all(p.cost.tp == 1 for p in pricers):
         why["allreduce"] = "every run is TP=1 (no all-reduce)"
+    if len({int(t) for p in pricers for t in np.unique(p.rec.prompt_tokens)}) < 2:
+        why["prompt_token_overhead_us"] = ("one prompt length in the runs: a time per prompt token is the same "
+                                           "constant per request as request_overhead_ms")
     if len({m.num_layers for m in models}) < 2:
         why["layer_overhead_us"] = ("one layer count in the runs: a per-layer overhead is the same constant per "
                                     "step as step_overhead_ms (fitted)")
@@ -339,7 +361,7 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         x = x0.copy()
         # a fraction by 10 %; an overhead by at least a fixed step, so that one already fitted to about 0
         # (3e-20 ms) is still tested (a 10 % change of nothing moves nothing)
-        step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0}.get(k, 5.0)
+        step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0, "prompt_token_overhead_us": 2.0}.get(k, 5.0)
         x[i] = x0[i] * 1.1 if k in FRACTION_EFFICIENCY_KEYS else x0[i] + max(0.1 * x0[i], step)
         if np.linalg.norm(_residuals(x, tuple(keys), start, pricers, metrics) - r0) < 1e-3:
             why[k] = "no fitted metric of these runs moves when it changes"
@@ -440,10 +462,10 @@ class CalibrationResult:
     def summary_text(self) -> str:
         lines = [f"Calibrated {self.gpu} on {self.rows_used} rows"
                  + (f" (skipped: {', '.join(f'{n}× {r}' for r, n in self.skipped.items())})" if self.skipped else "")]
-        lines.append("parameter              start    fitted")
+        lines.append("parameter                  start    fitted")
         for k in FITTED_KEYS:
             tag = "" if k in self.fitted_keys else f"   not fitted: {self.not_fitted.get(k, 'held fixed')}"
-            lines.append(f"{k:20} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
+            lines.append(f"{k:24} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
         for w in self.warnings:
             lines.append(f"warning: {w}")
         # out of sample first: what a user asking about a model or TP size outside the fit gets
@@ -575,7 +597,8 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     else:
         not_fitted = {k: "held fixed by the caller" for k in FITTED_KEYS if k not in keys}
     if rounds is None:
-        rounds = 2 if (start["request_overhead_ms"] > 0 or any(p.rec.open_loop for p in pricers)) else 1
+        rounds = 2 if (start["request_overhead_ms"] > 0 or start["prompt_token_overhead_us"] > 0
+                       or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
     fit_kw = {"prior": prior, "prior_weight": prior_weight}
     fitted, fitted_on_pricers, pricers, info = _fit_in_rounds(result, pricers, split, start, keys, rounds, fit_kw,

@@ -462,7 +462,8 @@ def repricing_is_exact(dep: Deployment) -> bool:
     gpu = load_gpu(dep.gpu)
     if dep.gpu_overrides:
         gpu = gpu.with_overrides(**dep.gpu_overrides)
-    return float(gpu.efficiency.get("request_overhead_ms", 0.0) or 0.0) == 0.0
+    eff = gpu.efficiency
+    return float(eff.get("request_overhead_ms", 0.0) or 0.0) == 0.0 and float(eff.get("prompt_token_overhead_us", 0.0) or 0.0) == 0.0
 
 
 def shape_table(rows: pd.DataFrame) -> list[dict[str, Any]]:

@@ -32,12 +32,12 @@ from capacity.util.text import quote
 from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
-                   "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "spec_seq_overhead_us",
-                   "spec_token_overhead_us")
+                   "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us",
+                   "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
 FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce")
-"""The efficiency keys that are fractions in (0, 1]; the other two are overheads (>= 0)."""
+"""The efficiency keys that are fractions in (0, 1]; the others are overheads (>= 0)."""
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
 """Tensor-core data types a profile may list under `peak_dense_tflops` (bf16 is required)."""
@@ -115,6 +115,7 @@ _EXPECTED_UNIT = {
     "efficiency.moe_int4": "fraction",
     "efficiency.layer_overhead_us": "us",
     "efficiency.request_overhead_ms": "ms",
+    "efficiency.prompt_token_overhead_us": "us",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
     "efficiency.allreduce": "fraction",
@@ -450,6 +451,7 @@ class _EfficiencyModel(BaseModel):
     per_seq_overhead_us: _LeafModel
     layer_overhead_us: _LeafModel
     request_overhead_ms: _LeafModel
+    prompt_token_overhead_us: _LeafModel
     spec_seq_overhead_us: _LeafModel
     spec_token_overhead_us: _LeafModel
 
@@ -681,7 +683,8 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
             if value < 0:
                 fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
-                     "efficiency.request_overhead_ms", "efficiency.spec_seq_overhead_us",
+                     "efficiency.request_overhead_ms", "efficiency.prompt_token_overhead_us",
+                     "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
                      "scaleup_latency_us", "gemm_call_us",
                      "cost_per_gpu_hour_usd"):

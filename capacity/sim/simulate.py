@@ -207,6 +207,13 @@ def _share_draft_memo(speculation: Speculation) -> None:
         cost.adopt_price_memos(_remember("draft\x1e" + key, cost.price_memos()))
 
 
+def request_delays_s(efficiency: dict[str, float], prompt_tokens: np.ndarray) -> np.ndarray:
+    """Each request's serving-stack time between being sent and reaching a scheduler (s):
+    request_overhead_ms plus prompt_token_overhead_us per prompt token."""
+    return (efficiency["request_overhead_ms"] * 1e-3
+            + efficiency.get("prompt_token_overhead_us", 0.0) * 1e-6 * np.asarray(prompt_tokens, dtype=float))
+
+
 # the llm-d endpoint picker's scorer weights for the prefix_aware router (Cluster._prefix_aware)
 PREFIX_WEIGHT = 3.0
 QUEUE_WEIGHT = 2.0
@@ -230,8 +237,10 @@ class Cluster:
         self._next_arrival_s: float | None = None   # when the open loop's pending arrival fires
         self._done = 0
         self.all_done = env.event()
-        # serving-stack time before a sent request reaches a scheduler (HTTP, tokenisation)
-        self.request_delay_s = deployed.gpu.efficiency["request_overhead_ms"] * 1e-3
+        # serving-stack time before a sent request reaches a scheduler, per request: a constant (HTTP, request
+        # handling) and a part per prompt token (the API server tokenises the prompt text it was sent)
+        eff = deployed.gpu.efficiency
+        self.request_delay_s: list[float] = request_delays_s(eff, self.table.prompt).tolist()
         self.block_size = deployed.limits.block_size
         self.prefix_keys = stream.prefix_keys if deployed.limits.enable_prefix_caching else None
         self._affinity: dict[int, Replica] = {}     # session -> the replica its first turn went to
@@ -308,7 +317,7 @@ class Cluster:
         rid = self._next
         self._next += 1
         self.table.arrival[rid] = self.env.now
-        self._send(rid, delayed=self.request_delay_s > 0)
+        self._send(rid, delayed=self.request_delay_s[rid] > 0)
 
     def _send(self, rid: int, delayed: bool = False) -> None:
         """The request reaches the router (after the serving stack's delay when `delayed`)."""
@@ -317,14 +326,18 @@ class Cluster:
             self._refused(rid)
             return
         if delayed:
-            self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev, rid=rid: self._pick(rid).submit(rid))
+            self.env.timeout(self.request_delay_s[rid]).callbacks.append(lambda _ev, rid=rid: self._pick(rid).submit(rid))
             return
         self._pick(rid).submit(rid)
 
     def _open_loop(self, order: np.ndarray):
+        """Sends the requests in `order` (by send time); each reaches the router after its own delay, so
+        a long prompt sent first can reach it after a short one sent just after it."""
         arrivals = self.table.arrival
-        for rid in order.tolist():
-            wait = arrivals[rid] + self.request_delay_s - self.env.now
+        delay = self.request_delay_s
+        reach = arrivals[order] + np.asarray(delay, dtype=float)[order]
+        for rid in order[np.argsort(reach, kind="stable")].tolist():
+            wait = arrivals[rid] + delay[rid] - self.env.now
             if wait > 0:
                 self._next_arrival_s = self.env.now + wait    # the timeout's time, as SimPy computes it
                 yield self.env.timeout(wait)
@@ -340,7 +353,7 @@ class Cluster:
                 continue
             wait = float(think[nxt]) if think is not None else 0.0
             self.table.arrival[nxt] = self.env.now + wait
-            self.env.timeout(wait + self.request_delay_s).callbacks.append(lambda _ev, nxt=nxt: self._send(nxt))
+            self.env.timeout(wait + self.request_delay_s[nxt]).callbacks.append(lambda _ev, nxt=nxt: self._send(nxt))
 
     def next_arrival_for(self, replica: Replica) -> float | None:
         """When the open loop's next request arrives, if it will go to `replica` (the only replica, or
@@ -356,7 +369,7 @@ class Cluster:
         serving stack's delay and sends the next request (an event, not a call: a run of refused
         requests must not recurse)."""
         if self.stream.concurrency is not None:
-            self.env.timeout(self.request_delay_s).callbacks.append(lambda _ev: self._finished(np.array([rid])))
+            self.env.timeout(self.request_delay_s[rid]).callbacks.append(lambda _ev: self._finished(np.array([rid])))
         else:
             self._finished(np.array([rid]))
 

@@ -1,0 +1,88 @@
+"""The serving stack's delay per prompt token (`prompt_token_overhead_us`): the API server tokenises the
+prompt text `vllm bench serve` sends (vllm/benchmarks/datasets.py `RandomDataset.sample` decodes random
+token ids and sends `SampleRequest(prompt=...)`), so a request reaches the scheduler
+request_overhead_ms + prompt_token_overhead_us x prompt tokens after it is sent.
+
+Truth here is closed form (a lone request's TTFT is that delay plus one prefill step) and the
+simulation itself (re-pricing a recorded schedule at its own parameters must reproduce it exactly)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from capacity.fidelity import calibrate
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.traffic import RequestStream
+from capacity.measurements import bench_writer, readers
+from capacity.sim import simulate
+
+MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def _scenario(arrival: dict, n: int, inputs: dict, outputs: dict, eff: dict) -> dict:
+    return {"name": "ptd", "deployment": {"gpu": "MI300X", "model": MODEL, "tensor_parallel_size": 1,
+                                          "gpu_overrides": {"efficiency": eff}},
+            "traffic": {"arrival": arrival, "num_requests": n,
+                        "classes": [{"name": "c", "input_tokens": inputs, "output_tokens": outputs}]}}
+
+
+@pytest.mark.parametrize("prompt", [200, 4000])
+def test_lone_request_ttft_is_both_delays_plus_one_prefill(prompt):
+    eff = {"request_overhead_ms": 12.0, "prompt_token_overhead_us": 7.5}
+    sc = _scenario({"process": "poisson", "rate_rps": 0.001}, 1, {"dist": "fixed", "value": prompt},
+                   {"dist": "fixed", "value": 20}, eff)
+    res = simulate.run(scenario_mod.from_dict(sc))
+    prefill = res.deployed.cost.step_time_s(np.array([prompt]), np.array([prompt]))
+    r = res.requests.iloc[0]
+    assert r.first_token_s - r.arrival_s == pytest.approx(12e-3 + 7.5e-6 * prompt + prefill, rel=1e-9)
+
+
+def test_a_long_prompt_sent_first_reaches_the_scheduler_after_a_short_one_sent_later():
+    """Open loop: 8,000 tokens at 20 us/token take 160 ms to reach the scheduler, so a 100-token prompt
+    sent 1 ms later is scheduled first and its first token comes first."""
+    eff = {"request_overhead_ms": 0.0, "prompt_token_overhead_us": 20.0}
+    sc = _scenario({"process": "poisson", "rate_rps": 1.0}, 2, {"dist": "fixed", "value": 100},
+                   {"dist": "fixed", "value": 4}, eff)
+    scenario = scenario_mod.from_dict(sc)
+    stream = RequestStream(arrival_s=np.array([0.0, 1e-3]), prompt_tokens=np.array([8000, 100]),
+                           output_tokens=np.array([4, 4]), class_index=np.array([0, 0]), class_names=["c"])
+    res = simulate.run(scenario, stream=stream)
+    first_long, first_short = res.requests.sort_values("arrival_s").first_token_s.to_numpy()
+    assert first_short < first_long
+    assert first_long >= 160e-3
+
+
+@pytest.mark.parametrize("arrival", [{"process": "closed_loop", "concurrency": 4}, {"process": "poisson", "rate_rps": 3.0}])
+def test_repricing_at_the_recording_parameters_equals_the_simulation(tmp_path, arrival):
+    eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=15.0, prompt_token_overhead_us=9.0)
+    sc = _scenario(arrival, 12, {"dist": "uniform", "low": 200, "high": 6000},
+                   {"dist": "uniform", "low": 20, "high": 200}, eff)
+    res = simulate.run(scenario_mod.from_dict(sc))
+    path = tmp_path / "run.json"
+    bench_writer.write(res, path, MODEL, request_rate=arrival.get("rate_rps", "inf"),
+                       max_concurrency=arrival.get("concurrency"), metadata={"tp": 1, "gpu": "MI300X"})
+    (row,) = readers.read_vllm_results(path).to_dict(orient="records")
+    rec = calibrate.record_row(row, efficiency=eff)
+    pred = calibrate.Repricer(rec, load_gpu("MI300X")).predict(eff)
+    m = res.metrics
+    assert pred["predicted_ttft_ms"] == pytest.approx(m["ttft_ms"]["p50"], rel=1e-9)
+    assert pred["predicted_tpot_ms"] == pytest.approx(m["tpot_ms"]["p50"], rel=1e-9)
+    assert pred["predicted_output_tok_s_per_gpu"] == pytest.approx(m["output_throughput_tok_s_per_gpu"], rel=1e-9)
+
+
+def test_one_prompt_length_cannot_identify_a_time_per_prompt_token(tmp_path):
+    eff = dict(load_gpu("MI300X").efficiency, prompt_token_overhead_us=5.0)
+    pricers = []
+    for c in (1, 8):
+        sc = _scenario({"process": "closed_loop", "concurrency": c}, 2 * c, {"dist": "fixed", "value": 1000},
+                       {"dist": "fixed", "value": 64}, eff)
+        res = simulate.run(scenario_mod.from_dict(sc))
+        path = tmp_path / f"c{c}.json"
+        bench_writer.write(res, path, MODEL, max_concurrency=c, metadata={"tp": 1, "gpu": "MI300X"})
+        (row,) = readers.read_vllm_results(path).to_dict(orient="records")
+        pricers.append(calibrate.Repricer(calibrate.record_row(row, efficiency=eff), load_gpu("MI300X")))
+    keys, why = calibrate.identifiable_keys(pricers, eff)
+    assert "prompt_token_overhead_us" not in keys
+    assert "one prompt length" in why["prompt_token_overhead_us"]
