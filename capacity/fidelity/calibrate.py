@@ -61,12 +61,14 @@ from capacity.sim.simulate import request_delays_s
 
 # Upper bound of the serving stack's time per prompt token (us). What grows with the prompt before a
 # request reaches vLLM's scheduler, as published (vllm-project/vllm): the API server's BPE encode of the
-# prompt text `vllm bench serve` sends, ~1 us/token on an H100 host's CPU (issue #19012: 10k tokens in
-# 10.7 ms; PR #44172: ~0.8 us/token), run on one tokeniser thread (vllm/utils/async_utils.py
+# prompt text `vllm bench serve` sends, at most ~1.3 us/token all in (PR #19334, which fixed issue #19012:
+# 100 concurrent 10k-token prompts through /v1/completions in 1.34 s on an RTX 3090 host; identical prompts,
+# so prefix caching leaves the host work), run on one tokeniser thread (vllm/utils/async_utils.py
 # AsyncMicrobatchTokenizer, max_workers=1) so concurrent prompts queue behind each other, and holding the
 # GIL against the output handler's detokenisation of every streaming request; prefix-block hashing
-# 0.03-0.2 us/token (PR #15297, PR #43789). Random-dataset text (decoded consecutive vocabulary ids, mostly
-# rare multi-byte pieces) misses the BPE word cache. So ~1-4 us/token, more under load; 30 us/token
+# 0.03-0.2 us/token (PR #15297: sha256+pickle 3.57 ms for 50k tokens on an Apple M2; PR #43789: 31 M
+# tokens/s; PR #29261's design doc: 100-200 ns/token). Random-dataset text (decoded consecutive vocabulary ids, mostly
+# rare multi-byte pieces) misses the BPE word cache. So a few us/token at most, more under load (inferred); 30 us/token
 # (an 8k prompt 0.25 s before scheduling) is past anything a serving stack that keeps up with its GPU
 # shows. basis: those sources for the range; the bound itself assumed. A fit on it is reported as failed.
 PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
