@@ -57,7 +57,7 @@ from capacity.measurements.clients import v0_engine
 from capacity.measurements.row_scenario import PROMPTS_PER_USER, row_scenario, row_stream
 from capacity.measurements.schemas import parse_float
 from capacity.sim import simulate
-from capacity.sim.simulate import request_delays_s
+from capacity.sim.simulate import has_request_delay, request_delays_s
 
 # Upper bound of the serving stack's time per prompt token (us). What grows with the prompt before a
 # request reaches vLLM's scheduler, as published (vllm-project/vllm): the API server's BPE encode of the
@@ -603,8 +603,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     else:
         not_fitted = {k: "held fixed by the caller" for k in FITTED_KEYS if k not in keys}
     if rounds is None:
-        rounds = 2 if (start["request_overhead_ms"] > 0 or start["prompt_token_overhead_us"] > 0
-                       or any(p.rec.open_loop for p in pricers)) else 1
+        rounds = 2 if (has_request_delay(start) or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
     fit_kw = {"prior": prior, "prior_weight": prior_weight}
     fitted, fitted_on_pricers, pricers, info = _fit_in_rounds(result, pricers, split, start, keys, rounds, fit_kw,

@@ -54,6 +54,7 @@ from capacity.measurements.clients import SEED_WORKLOAD, model_runner
 from capacity.measurements.row_scenario import speculative_config
 from capacity.measurements.schemas import parse_float, read_spec_measurements, spec_precision
 from capacity.paths import data_dir
+from capacity.sim.simulate import has_request_delay
 from capacity.spec.methods import find_method, get_method
 from capacity.util.jsonio import write_json
 from capacity.util.progress import Progress
@@ -462,8 +463,7 @@ def repricing_is_exact(dep: Deployment) -> bool:
     gpu = load_gpu(dep.gpu)
     if dep.gpu_overrides:
         gpu = gpu.with_overrides(**dep.gpu_overrides)
-    eff = gpu.efficiency
-    return float(eff.get("request_overhead_ms", 0.0) or 0.0) == 0.0 and float(eff.get("prompt_token_overhead_us", 0.0) or 0.0) == 0.0
+    return not has_request_delay(gpu.efficiency)
 
 
 def shape_table(rows: pd.DataFrame) -> list[dict[str, Any]]:

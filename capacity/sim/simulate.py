@@ -207,6 +207,11 @@ def _share_draft_memo(speculation: Speculation) -> None:
         cost.adopt_price_memos(_remember("draft\x1e" + key, cost.price_memos()))
 
 
+def has_request_delay(efficiency: dict[str, float]) -> bool:
+    """Whether a request waits in the serving stack before reaching a scheduler (`request_delays_s`)."""
+    return any(float(efficiency.get(k, 0.0) or 0.0) > 0 for k in ("request_overhead_ms", "prompt_token_overhead_us"))
+
+
 def request_delays_s(efficiency: dict[str, float], prompt_tokens: np.ndarray) -> np.ndarray:
     """Each request's serving-stack time between being sent and reaching a scheduler (s):
     request_overhead_ms plus prompt_token_overhead_us per prompt token."""
