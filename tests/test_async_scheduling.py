@@ -66,3 +66,51 @@ def test_the_engine_turns_it_off_for_cpu_ngram_and_by_request() -> None:
                                                ("vllm/vllm-openai:deepseekv4-cu130", True), ("", True)])
 def test_measured_rows_schedule_asynchronously_from_vllm_0_14(version, expected) -> None:
     assert async_scheduling({"framework_version": version}) is expected
+
+
+# ---- the step already scheduled: a request that arrives while a step runs joins the step after next ----
+# vllm/v1/engine/core.py `step_with_batch_queue` (batch_queue_size 2 with async scheduling): after it
+# submits step k it schedules step k+1 at once and only then blocks on step k; requests that arrived
+# meanwhile are added when step k returns, so the first step that can take them is k+2. With the engine
+# idle it schedules a request at once; and the scheduler does not schedule a request whose tokens in
+# flight already reach its max_tokens (vllm/v1/core/sched/scheduler.py, the RUNNING loop's
+# `num_output_placeholders` guard, L440-471 at 6cf7b26bd4bf), so behind a step in which every running
+# request ends there is no step to wait for. Truth: those rules on a clock of constant 10 ms steps.
+
+STEP_S = 0.010
+
+
+def _first_token_s(output_a: int, arrival_b_s: float, async_on: bool) -> tuple[float, float]:
+    from engine_helpers import ConstantCost, run_replica
+    from capacity.sim.engine import EngineLimits
+    limits = EngineLimits(max_num_batched_tokens=8192, max_num_seqs=8, block_size=16, num_gpu_blocks=1000,
+                          async_scheduling=async_on)
+    table, _, _ = run_replica([16, 16], [output_a, 4], [0.0, arrival_b_s], ConstantCost(STEP_S), limits)
+    return float(table.first_token[0]), float(table.first_token[1])
+
+
+@pytest.mark.parametrize("async_on, b_first_token_s", [(False, 0.040), (True, 0.050)])
+def test_a_request_arriving_mid_step_waits_for_the_step_scheduled_behind_it(async_on, b_first_token_s) -> None:
+    # A decodes in steps [0, 10), [10, 20), [20, 30) ms, ...; B arrives at 25 ms, during step 2. Step 3
+    # was scheduled at 20 ms without B: synchronous, B's prefill is step 3 (ends 40 ms); async, step 4 (50 ms)
+    a, b = _first_token_s(100, 0.025, async_on)
+    assert a == pytest.approx(STEP_S, abs=1e-12)           # an idle engine took A at once
+    assert b == pytest.approx(b_first_token_s, abs=1e-12)
+
+
+def test_behind_a_step_in_which_every_running_request_ends_there_is_nothing_to_wait_for() -> None:
+    # A's 3 tokens end with step 2 (20-30 ms); B arrives at 25 ms: no step was scheduled behind step 2, so
+    # B's prefill is step 3 (ends 40 ms), with or without async scheduling
+    for async_on in (False, True):
+        assert _first_token_s(3, 0.025, async_on)[1] == pytest.approx(0.040, abs=1e-12)
+
+
+def test_the_simulator_holds_arrivals_only_where_vllm_schedules_asynchronously() -> None:
+    base = {"name": "a", "deployment": {"gpu": "MI300X", "model": MODEL},
+            "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 4,
+                        "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 64},
+                                     "output_tokens": {"dist": "fixed", "value": 8}}]}}
+    assert deploy(scenario_mod.from_dict(base)).limits.async_scheduling is True
+    assert deploy(scenario_mod.from_dict(dict(base, engine={"async_scheduling": False}))).limits.async_scheduling is False
+    ngram = dict(base, speculative={"method": "ngram", "num_speculative_tokens": 3})
+    assert deploy(scenario_mod.from_dict(ngram)).limits.async_scheduling is False

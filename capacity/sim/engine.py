@@ -53,6 +53,9 @@ class EngineLimits:
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    # vLLM's async scheduling (`--async-scheduling`) schedules step k+1 when step k starts, so a request
+    # that arrives while a step runs first waits for the step already scheduled behind it (Replica._schedule)
+    async_scheduling: bool = False
 
 
 # columns of RequestTable.ints: the counts the engine reads and updates together
@@ -375,6 +378,9 @@ class Replica:
             else:
                 self.counters = HitCounters()
         self._wakeup: simpy.Event | None = None
+        # requests at the tail of `waiting` that arrived while a step ran, since the last _schedule: with
+        # async scheduling the next step was already scheduled without them (EngineLimits.async_scheduling)
+        self._unseen = 0
         self._in_run = False                       # in a decode run that an arrival must interrupt
         # when the next arrival comes, if it is known ahead to come to this replica (else None); set by
         # the Cluster for an open loop (Cluster.next_arrival_for)
@@ -413,9 +419,13 @@ class Replica:
         self.table.replica[request_id] = self.index
         self.table.arrival_step[request_id] = self.recorder.num_steps
         self.waiting.append(request_id)
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
-        elif self._in_run:
+        if self._wakeup is not None:                 # idle: the engine schedules it at once
+            if not self._wakeup.triggered:
+                self._wakeup.succeed()
+            return
+        if self.limits.async_scheduling:
+            self._unseen += 1
+        if self._in_run:
             self._in_run = False
             self.process.interrupt("arrival")  # end the decode run after the step in progress
 
@@ -819,6 +829,14 @@ class Replica:
                 decode_k = int(num_spec[0])   # every request got the same 1 + k tokens
         else:
             ids = new_tokens = num_spec = np.zeros(0, dtype=np.int64)
+        held: list[int] = []
+        if self._unseen:
+            # async scheduling: this step was scheduled when the one before it started, without the requests
+            # that arrived since (vllm/v1/engine/core.py step_with_batch_queue); they join the next. With no
+            # running request to carry, that step had nothing and the engine takes them at once.
+            if len(ids):
+                held = [self.waiting.pop() for _ in range(self._unseen)]
+            self._unseen = 0
         if not preempted and self.waiting:
             scheduled = (ids, sched_rows, new_tokens) if self.cache is not None and len(ids) else None
             adm_ids, adm_tokens, adm_rows = self._admit(budget, scheduled)
@@ -836,6 +854,8 @@ class Replica:
                     ids = np.concatenate([ids, a_ids])
                     self._rows = self._rows + adm_rows
                     sched_rows = sched_rows + adm_rows
+        if held:
+            self.waiting.extend(reversed(held))
         return ids, sched_rows, new_tokens, num_spec, decode_k
 
     def _schedule_decodes(self, counts: list[list[int]], computed: list[int], k: int, budget: int) -> tuple | None:

@@ -95,15 +95,15 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
             f"minus {reserve / 1e9:.1f} GB for vLLM's profiling run; raise deployment.tensor_parallel_size or use a "
             "smaller precision")
     num_blocks = int(kv_budget // block_bytes)
+    # vLLM turns async scheduling off for a drafter that runs on the CPU (n-gram; vllm/config/vllm.py)
+    async_scheduling = e.async_scheduling and getattr(speculation.method, "kind", None) != "cpu"
     limits = EngineLimits(
         max_num_batched_tokens=e.max_num_batched_tokens, max_num_seqs=e.max_num_seqs,
         block_size=e.block_size, num_gpu_blocks=num_blocks,
         long_prefill_token_threshold=e.long_prefill_token_threshold,
         enable_chunked_prefill=e.enable_chunked_prefill,
-        enable_prefix_caching=e.enable_prefix_caching)
+        enable_prefix_caching=e.enable_prefix_caching, async_scheduling=async_scheduling)
     memory_gb["kv_cache_tokens"] = num_blocks * e.block_size
-    # vLLM turns async scheduling off for a drafter that runs on the CPU (n-gram; vllm/config/vllm.py)
-    async_scheduling = e.async_scheduling and getattr(speculation.method, "kind", None) != "cpu"
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel,
                                  async_scheduling=async_scheduling,
                                  quick_reduce_quantization=e.quick_reduce_quantization))
