@@ -508,3 +508,16 @@ def test_malformed_configs_raise_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(CapacityError, match="weight_precision="):
         load_model(str(tmp_path / "odd.json"))
     assert load_model(str(tmp_path / "odd.json"), weight_precision="bf16").weight_precision == "bf16"
+
+
+def test_a_w4a4_precision_stores_like_its_weight_format_and_runs_on_fp4_tensor_cores():
+    """nvfp4_w4a4 (a ModelOpt NVFP4 checkpoint: activations 4-bit too) has NVFP4's bytes (4 bits + one FP8
+    scale per 16 values) and its GEMMs run at the GPU's FP4 peak where it has one (B200: 9,000 TFLOPS dense,
+    DGX B200 datasheet), at bf16 where it does not (H100); plain nvfp4 stays weight-only."""
+    from capacity.inputs.hardware import load_gpu
+    w4a16 = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="nvfp4")
+    w4a4 = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="nvfp4_w4a4")
+    assert w4a4.weight_bytes_total == w4a16.weight_bytes_total
+    assert load_gpu("B200").peak_tflops(w4a4.compute_weight_dtype) == 9000
+    assert load_gpu("B200").peak_tflops(w4a16.compute_weight_dtype) == 2250
+    assert load_gpu("H100").peak_tflops(w4a4.compute_weight_dtype) == 989
