@@ -167,6 +167,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
                            progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
                            rounds=args.rounds, workers=args.workers, cross_validate=not args.no_cross_validation,
+                           hold=tuple(args.hold),
                            **({} if args.prior_weight is None else {"prior_weight": args.prior_weight}))
     if args.json:
         print_json(result.to_json())
@@ -283,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it); with "
                                  "spec-decode metrics also OUT.acceptance.yaml")
     c.add_argument("--holdout", type=float, default=0.0, help="fraction of rows kept out of the fit")
+    c.add_argument("--hold", action="append", default=[], metavar="KEY",
+                   help="keep this efficiency parameter at the profile's value instead of fitting it, e.g. "
+                        "--hold prompt_token_overhead_us (repeatable; an ablation of one cost term)")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="fit only: skip leave-one-model-out and leave-one-TP-size-out (about half the time)")
     c.add_argument("--json", action="store_true")

@@ -559,14 +559,18 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None,
         tp: int | None = None, model: str | None = None, sets: list[str] | None = None,
         rounds: int | None = None, keys: tuple[str, ...] | None = None,
-        prior_weight: float = PRIOR_WEIGHT) -> CalibrationResult:
+        prior_weight: float = PRIOR_WEIGHT, hold: tuple[str, ...] = ()) -> CalibrationResult:
     """Fit `gpu`'s efficiency parameters to measured serving runs (any format `readers` knows).
 
     `tp`, `model`, `sets` (column=value) fill what vLLM result files do not state. `rounds` (default: 2
     when a row has a request delay to fit or runs open loop, else 1) re-records the schedules at the
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
     `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
+    `hold` keeps these parameters at the profile's values (an ablation: the fit without one term).
     """
+    unknown = [k for k in hold if k not in FITTED_KEYS]
+    if unknown:
+        raise CapacityError(f"--hold {unknown[0]}: not a fitted parameter; use one of {', '.join(FITTED_KEYS)}")
     if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= 20):
         raise CapacityError(f"--rounds {rounds}: give a whole number from 1 to 20 (default: 1 or 2)")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -602,6 +606,10 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         keys, not_fitted = identifiable_keys(train, start)
     else:
         not_fitted = {k: "held fixed by the caller" for k in FITTED_KEYS if k not in keys}
+    for k in hold:
+        if k in keys:
+            keys = tuple(x for x in keys if x != k)
+            not_fitted[k] = "held at the profile's value (--hold)"
     if rounds is None:
         rounds = 2 if (has_request_delay(start) or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
