@@ -265,6 +265,7 @@ def test_scenario_values(capsys, sets, word):
     (["calibrate", "--gpu", "MI300X", "--rounds", "0"], "--rounds 0"),
     (["calibrate", "--gpu", "MI300X", "--prior-weight", "nan"], "--prior-weight"),
     (["calibrate", "--gpu", "MI300X", "--holdout", "nan"], "--holdout"),
+    (["calibrate", "--gpu", "MI300X", "--hold", "gemma"], "--hold gemma"),
 ])
 def test_options(capsys, argv, word):
     t0 = time.perf_counter()

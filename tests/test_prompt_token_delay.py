@@ -87,3 +87,23 @@ def test_a_fit_on_the_upper_bound_is_reported_as_failed(tmp_path):
                            keys=("request_overhead_ms", "prompt_token_overhead_us"), prior_weight=0.0)
     assert result.fitted["prompt_token_overhead_us"] == pytest.approx(calibrate.PROMPT_TOKEN_OVERHEAD_MAX_US, rel=1e-3)
     assert any("prompt_token_overhead_us landed on its upper bound" in w for w in result.warnings)
+
+
+def test_a_held_parameter_keeps_the_profile_value_and_the_others_absorb_it(tmp_path):
+    """`--hold prompt_token_overhead_us` (an ablation): runs made with 10 us/token, fitted with the term
+    held at the profile's 0, leave it at 0, say why, and the constant delay grows to carry part of it."""
+    eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=5.0, prompt_token_overhead_us=10.0)
+    files = []
+    for isl in (500, 4000):
+        sc = _scenario({"process": "closed_loop", "concurrency": 1}, 3, {"dist": "fixed", "value": isl},
+                       {"dist": "fixed", "value": 16}, eff)
+        res = simulate.run(scenario_mod.from_dict(sc))
+        path = tmp_path / f"isl{isl}.json"
+        bench_writer.write(res, path, MODEL, max_concurrency=1, metadata={"tensor_parallel_size": 1})
+        files.append(str(path))
+    result = calibrate.run(files, "MI300X", progress=False, workers=1, cross_validate=False, rounds=1,
+                           hold=("prompt_token_overhead_us",), prior_weight=0.0)
+    assert "prompt_token_overhead_us" not in result.fitted_keys
+    assert result.fitted["prompt_token_overhead_us"] == load_gpu("MI300X").efficiency["prompt_token_overhead_us"] == 0.0
+    assert "--hold" in result.not_fitted["prompt_token_overhead_us"]
+    assert result.fitted["request_overhead_ms"] > 5.0 + 10e-3 * 500 * 0.5     # the 500-token runs' share at least
