@@ -521,3 +521,7 @@ def test_a_w4a4_precision_stores_like_its_weight_format_and_runs_on_fp4_tensor_c
     assert load_gpu("B200").peak_tflops(w4a4.compute_weight_dtype) == 9000
     assert load_gpu("B200").peak_tflops(w4a16.compute_weight_dtype) == 2250
     assert load_gpu("H100").peak_tflops(w4a4.compute_weight_dtype) == 989
+    # MXFP4 experts with MXFP8 activations (vLLM's VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8) run at the FP8 rate
+    w4a8 = load_model("openai/gpt-oss-120b", weight_precision="mxfp4_w4a8")
+    assert w4a8.weight_bytes_total == load_model("openai/gpt-oss-120b", weight_precision="mxfp4").weight_bytes_total
+    assert load_gpu("B200").peak_tflops(w4a8.compute_weight_dtype) == 4500

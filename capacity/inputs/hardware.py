@@ -130,7 +130,8 @@ _EXPECTED_UNIT = {
 _DTYPE_FAMILY = {
     **dict.fromkeys(("bf16", "bfloat16", "fp16", "float16", "half", "f16"), "16bit"),
     **dict.fromkeys(
-        ("fp8", "float8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "e4m3", "e5m2", "mxfp8", "w8a8_fp8"),
+        ("fp8", "float8", "fp8_e4m3", "fp8_e4m3fn", "fp8_e4m3fnuz", "fp8_e5m2", "e4m3", "e5m2", "mxfp8", "w8a8_fp8",
+         "w4a8", "mxfp4_w4a8"),
         "fp8",
     ),
     **dict.fromkeys(("int8", "w8a8", "w8a8_int8"), "int8"),
@@ -244,7 +245,8 @@ class GpuProfile:
             InferenceX vLLM rows with native fp4 compute drove the GEMM efficiency to 0.09 and the
             attention efficiency to its bound 1.0; with bf16 compute the fit gives 0.34 and 0.23,
             close to the measured flash-attention ratio 0.25. Spell "w4a4" (or mxfp4_w4a4) for
-            checkpoints that also quantize activations: they run in "fp4" where the GPU has it;
+            checkpoints that also quantize activations: they run in "fp4" where the GPU has it; "mxfp4_w4a8"
+            (or w4a8: 4-bit weights, 8-bit activations, e.g. vLLM's FlashInfer MXFP4 x MXFP8 MoE) runs in "fp8";
           * int4 / AWQ / GPTQ / w4a16 / w8a16 -> "bf16" (weight-only quantization).
         Unknown spellings raise CapacityError.
         """

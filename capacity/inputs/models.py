@@ -56,7 +56,8 @@ Weight precision (`load_model(weight_precision=...)`): None keeps the checkpoint
 (``quantization_config``; if a config has none, a format named in the checkpoint id such as
 ``-MXFP8``; else bf16). An override applies to the quantizable linear layers:
   * fp8 / mxfp8: every linear layer except the input embedding and the LM head;
-  * int4 / mxfp4 / fp4 / nvfp4 (and nvfp4_w4a4 / mxfp4_w4a4, whose activations are 4-bit too): the routed experts only for MoE models (the rest stays bf16, as in
+  * int4 / mxfp4 / fp4 / nvfp4 (and nvfp4_w4a4 / mxfp4_w4a4, whose activations are 4-bit too, and mxfp4_w4a8, whose
+    activations are 8-bit): the routed experts only for MoE models (the rest stays bf16, as in
     the openai/gpt-oss MXFP4 and moonshotai/Kimi-K2.5 INT4 checkpoints), every linear layer except
     the embedding and LM head for dense models (assumed: the usual AWQ/GPTQ/MXFP4 recipe);
   * bf16: everything 2 bytes.
@@ -101,14 +102,17 @@ WEIGHT_FORMATS: dict[str, tuple[float, str]] = {
                                    "GEMM runs on FP4 tensor cores where the GPU has them (GpuProfile.compute_dtype): "
                                    "ModelOpt's NVFP4 recipe, which vLLM serves with its ModelOpt NVFP4 linear and MoE "
                                    "methods"),
+    "mxfp4_w4a8": (0.5 + 1.0 / 32, "MXFP4 weights (as mxfp4) whose activations are quantized to MXFP8, so the GEMM runs "
+                                   "on FP8 tensor cores (vLLM's FlashInfer MXFP4 x MXFP8 MoE on Blackwell, "
+                                   "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1)"),
     "mxfp4_w4a4": (0.5 + 1.0 / 32, "MXFP4 weights (as mxfp4) with MXFP4 activations: the GEMM runs on FP4 tensor cores "
                                    "where the GPU has them"),
     "int4": (0.5 + 2.0 / 32, "compressed-tensors pack-quantized INT4, symmetric, group_size 32 "
                              "(moonshotai/Kimi-K2.5 quantization_config) with one bf16 scale per group "
                              "(scale dtype assumed bf16)"),
 }
-_OVERRIDE_FORMATS = ("bf16", "fp8", "mxfp8", "int4", "mxfp4", "fp4", "nvfp4", "nvfp4_w4a4", "mxfp4_w4a4")
-_FOUR_BIT = ("int4", "mxfp4", "fp4", "nvfp4", "nvfp4_w4a4", "mxfp4_w4a4")
+_OVERRIDE_FORMATS = ("bf16", "fp8", "mxfp8", "int4", "mxfp4", "fp4", "nvfp4", "nvfp4_w4a4", "mxfp4_w4a4", "mxfp4_w4a8")
+_FOUR_BIT = ("int4", "mxfp4", "fp4", "nvfp4", "nvfp4_w4a4", "mxfp4_w4a4", "mxfp4_w4a8")
 
 # Bytes of the small tensors that are never quantized (norms, routers, biases): the bf16 checkpoint dtype.
 _UNQUANTIZED_BYTES = 2.0
@@ -223,7 +227,7 @@ class ModelArch:
     experts_per_token: int
     num_shared_experts: int
     params_per_expert: int                    # one routed expert in one layer
-    weight_precision: str                     # bf16 | fp8 | mxfp8 | int4 | mxfp4 | fp4 | nvfp4 | nvfp4_w4a4 | mxfp4_w4a4
+    weight_precision: str                     # bf16 | fp8 | mxfp8 | int4 | mxfp4 | fp4 | nvfp4 | nvfp4_w4a4 | mxfp4_w4a4 | mxfp4_w4a8
     compute_weight_dtype: str                 # dtype of the bulk of the linear FLOPs' weights (routed experts for MoE)
     bytes_per_param: dict[str, float]         # {"dense", "expert", "embedding", "other"} incl. block scales
     weight_bytes_total: float                 # bytes the model's own weights occupy

@@ -68,7 +68,7 @@ class Deployment(_Strict):
                                            "lists them) or the path of a profile YAML (e.g. one `capacity calibrate --out` wrote)")
     model: str = Field(description="target model: a Hugging Face id from capacity/data/model_configs/ (`capacity models` "
                                    "lists them) or the path of a Hugging Face config.json")
-    precision: str | None = Field(None, description="weight precision override (bf16, fp8, mxfp8, int4, mxfp4, fp4, nvfp4; nvfp4_w4a4 / mxfp4_w4a4 when the activations are 4-bit too, which runs on FP4 tensor cores); default: the checkpoint's own")
+    precision: str | None = Field(None, description="weight precision override (bf16, fp8, mxfp8, int4, mxfp4, fp4, nvfp4; nvfp4_w4a4 / mxfp4_w4a4 when the activations are 4-bit too, which runs on FP4 tensor cores; mxfp4_w4a8 with 8-bit activations, on FP8 tensor cores); default: the checkpoint's own")
     kv_cache_dtype: Literal["bf16", "fp8"] = Field("bf16", description="KV-cache data type (vLLM --kv-cache-dtype): 2 or 1 byte per cached value")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per replica (vLLM --tensor-parallel-size)")
     expert_parallel: bool = Field(False, description="vLLM --enable-expert-parallel: MoE experts are spread whole over "
