@@ -30,6 +30,13 @@ def _costs(host_ms: float, per_seq_us: float):
     return gpu, m, StepCostModel(gpu, m, 1), StepCostModel(gpu, m, 1, async_scheduling=False)
 
 
+def _small_scenario() -> dict:
+    return {"name": "a", "deployment": {"gpu": "MI300X", "model": MODEL},
+            "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 4,
+                        "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 64},
+                                     "output_tokens": {"dist": "fixed", "value": 8}}]}}
+
+
 @pytest.mark.parametrize("host_ms, per_seq_us", [(0.5, 5.0), (40.0, 5.0), (1.0, 400.0)])
 def test_a_step_lasts_the_longer_of_gpu_and_host_time(host_ms, per_seq_us) -> None:
     gpu, m, overlapped, serial = _costs(host_ms, per_seq_us)
@@ -50,10 +57,7 @@ def test_hidden_host_time_costs_nothing_and_exposed_host_time_costs_the_differen
 
 
 def test_the_engine_turns_it_off_for_cpu_ngram_and_by_request() -> None:
-    base = {"name": "a", "deployment": {"gpu": "MI300X", "model": MODEL},
-            "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 4,
-                        "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 64},
-                                     "output_tokens": {"dist": "fixed", "value": 8}}]}}
+    base = _small_scenario()
     assert deploy(scenario_mod.from_dict(base)).cost.async_scheduling is True
     off = dict(base, engine={"async_scheduling": False})
     assert deploy(scenario_mod.from_dict(off)).cost.async_scheduling is False
@@ -106,10 +110,7 @@ def test_behind_a_step_in_which_every_running_request_ends_there_is_nothing_to_w
 
 
 def test_the_simulator_holds_arrivals_only_where_vllm_schedules_asynchronously() -> None:
-    base = {"name": "a", "deployment": {"gpu": "MI300X", "model": MODEL},
-            "traffic": {"arrival": {"process": "poisson", "rate_rps": 1.0}, "num_requests": 4,
-                        "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 64},
-                                     "output_tokens": {"dist": "fixed", "value": 8}}]}}
+    base = _small_scenario()
     assert deploy(scenario_mod.from_dict(base)).limits.async_scheduling is True
     assert deploy(scenario_mod.from_dict(dict(base, engine={"async_scheduling": False}))).limits.async_scheduling is False
     ngram = dict(base, speculative={"method": "ngram", "num_speculative_tokens": 3})

@@ -71,10 +71,8 @@ def test_one_prompt_length_cannot_identify_a_time_per_prompt_token(tmp_path):
     assert "one prompt length" in why["prompt_token_overhead_us"]
 
 
-def test_a_fit_on_the_upper_bound_is_reported_as_failed(tmp_path):
-    """Runs whose TTFT grows by 100 us per prompt token (past any tokeniser: the bound is 30) leave the
-    fitted time per prompt token on its bound, and the calibration says the fit failed."""
-    eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=5.0, prompt_token_overhead_us=100.0)
+def _one_user_runs(tmp_path, eff: dict) -> list[str]:
+    """vllm bench serve result files of one user at 500- and 4,000-token prompts, simulated with `eff`."""
     files = []
     for isl in (500, 4000):
         sc = _scenario({"process": "closed_loop", "concurrency": 1}, 3, {"dist": "fixed", "value": isl},
@@ -83,6 +81,14 @@ def test_a_fit_on_the_upper_bound_is_reported_as_failed(tmp_path):
         path = tmp_path / f"isl{isl}.json"
         bench_writer.write(res, path, MODEL, max_concurrency=1, metadata={"tensor_parallel_size": 1})
         files.append(str(path))
+    return files
+
+
+def test_a_fit_on_the_upper_bound_is_reported_as_failed(tmp_path):
+    """Runs whose TTFT grows by 100 us per prompt token (past any tokeniser: the bound is 30) leave the
+    fitted time per prompt token on its bound, and the calibration says the fit failed."""
+    eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=5.0, prompt_token_overhead_us=100.0)
+    files = _one_user_runs(tmp_path, eff)
     result = calibrate.run(files, "MI300X", progress=False, workers=1, cross_validate=False, rounds=1,
                            keys=("request_overhead_ms", "prompt_token_overhead_us"), prior_weight=0.0)
     assert result.fitted["prompt_token_overhead_us"] == pytest.approx(calibrate.PROMPT_TOKEN_OVERHEAD_MAX_US, rel=1e-3)
@@ -93,14 +99,7 @@ def test_a_held_parameter_keeps_the_profile_value_and_the_others_absorb_it(tmp_p
     """`--hold prompt_token_overhead_us` (an ablation): runs made with 10 us/token, fitted with the term
     held at the profile's 0, leave it at 0, say why, and the constant delay grows to carry part of it."""
     eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=5.0, prompt_token_overhead_us=10.0)
-    files = []
-    for isl in (500, 4000):
-        sc = _scenario({"process": "closed_loop", "concurrency": 1}, 3, {"dist": "fixed", "value": isl},
-                       {"dist": "fixed", "value": 16}, eff)
-        res = simulate.run(scenario_mod.from_dict(sc))
-        path = tmp_path / f"isl{isl}.json"
-        bench_writer.write(res, path, MODEL, max_concurrency=1, metadata={"tensor_parallel_size": 1})
-        files.append(str(path))
+    files = _one_user_runs(tmp_path, eff)
     result = calibrate.run(files, "MI300X", progress=False, workers=1, cross_validate=False, rounds=1,
                            hold=("prompt_token_overhead_us",), prior_weight=0.0)
     assert "prompt_token_overhead_us" not in result.fitted_keys
