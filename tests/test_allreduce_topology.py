@@ -101,3 +101,25 @@ def test_prefill_allreduce_on_a_mi300x_pair_uses_one_link(tmp_path):
     cost8 = StepCostModel(g, m, 8)
     one8 = g.scaleup_latency_us * 1e-6 + 1.75 * message / (448e9 * eff["allreduce"])
     assert cost8.time_parts(cost8.features([8192], [8192]))["allreduce"] == pytest.approx(2 * m.num_layers * one8)
+
+
+def test_minimax_m2_all_reduces_its_qk_norm_variance_once_per_layer():
+    """MiniMax-M2's per-layer q/k RMSNorm all-reduces the q and k variances (two fp32 per token) across the
+    tensor-parallel group in every layer (vllm/model_executor/layers/mamba/linear_attn.py
+    MiniMaxText01RMSNormTP.forward_qk): three all-reduces per layer at TP > 1, the third of 8 bytes per token;
+    a model without it (Llama) keeps two; at TP1 there are none."""
+    g = load_gpu("MI300X")
+    m = load_model("MiniMax-M2.5")
+    assert m.qk_norm == "per_layer"
+    cost = StepCostModel(g, m, 4)
+    eff = cost.efficiency
+    tokens = 64
+    bw = 448e9 * eff["allreduce"]      # shipped MI300X: the ring over the whole scale-up bandwidth
+    hidden = g.scaleup_latency_us * 1e-6 + 1.5 * tokens * m.hidden_size * 2 / bw
+    norm = g.scaleup_latency_us * 1e-6 + 1.5 * tokens * 8 / bw
+    f = cost.features([1] * tokens, [1000] * tokens)
+    assert cost.time_parts(f)["allreduce"] == pytest.approx(m.num_layers * (2 * hidden + norm))
+    assert "allreduce" not in StepCostModel(g, m, 1).time_parts(f)
+    llama = StepCostModel(g, load_model("Llama-3.3-70B-Instruct"), 4)
+    assert llama.time_parts(f)["allreduce"] == pytest.approx(llama.model.num_layers * 2 * (
+        g.scaleup_latency_us * 1e-6 + 1.5 * tokens * llama.model.hidden_size * 2 / bw))

@@ -1,8 +1,9 @@
 """Per-layer fixed cost weighted by the kernels each layer launches (opt-in `kernels_per_dense_layer`).
 
 Independent truth: the kernel counts written out from vLLM's decoder layers (a dense layer 9 kernels, a MoE
-layer 13, a shared expert 3 more; capacity/cost/step_cost.py states where they come from) and the models'
-layer structure from their config.json files."""
+layer 13, a shared expert 3 more, an MLA attention block 5 more than a GQA one, a q/k RMSNorm 2 more;
+capacity/cost/step_cost.py states where they come from) and the models' layer structure from their
+config.json files."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ LEAF = """kernels_per_dense_layer:
 @pytest.mark.parametrize("model, units", [
     ("Llama-3.3-70B-Instruct", 80.0),                 # 80 dense layers
     ("gpt-oss-120b", 36 * 13 / 9),                    # 36 MoE layers, no shared expert
-    ("Kimi-K2.5", (1 * 9 + 60 * (13 + 3)) / 9),       # first layer dense, 60 MoE layers with a shared expert
+    # first layer dense, 60 MoE layers with a shared expert; all 61 layers MLA (kv_lora_rank in its config)
+    ("Kimi-K2.5", (1 * (9 + 5) + 60 * (13 + 3 + 5)) / 9),
+    ("MiniMax-M2.5", 62 * (13 + 2) / 9),               # 62 MoE layers, use_qk_norm (per layer), no shared expert
 ])
 def test_kernel_weighted_layer_units(model, units):
     assert layer_overhead_units(load_model(model), 9) == pytest.approx(units)

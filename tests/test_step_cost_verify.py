@@ -109,7 +109,9 @@ def test_host_cost_per_verifying_sequence_on_the_v1_runner_only() -> None:
     v1 = StepCostModel(gpu, m, 1, async_scheduling=False)
     v2 = StepCostModel(gpu, m, 1, model_runner="v2", async_scheduling=False)
     e = gpu.efficiency
-    plain = e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers + e["per_seq_overhead_us"] * 1e-6 * 12
+    # MI300X prices its layer overhead per dense layer's 9 kernels; a Qwen3 layer runs 9 + 2 (q/k norm)
+    plain = (e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers * (9 + 2) / 9
+             + e["per_seq_overhead_us"] * 1e-6 * 12)
     assert float(v1.time_parts(_verify_features(12, 0))["overhead"]) == pytest.approx(plain, rel=1e-12)
     assert float(v1.time_parts(_verify_features(12, 3))["overhead"]) == pytest.approx(plain + 12 * 400e-6, rel=1e-12)
     assert float(v2.time_parts(_verify_features(12, 3))["overhead"]) == pytest.approx(plain, rel=1e-12)
@@ -121,7 +123,9 @@ def test_cost_per_verified_draft_token_on_either_runner() -> None:
     gpu = load_gpu("MI300X").with_overrides(efficiency={"spec_seq_overhead_us": 0.0, "spec_token_overhead_us": 25.0})
     m = load_model("Qwen/Qwen3-8B")
     e = gpu.efficiency
-    plain = e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers + e["per_seq_overhead_us"] * 1e-6 * 12
+    # MI300X prices its layer overhead per dense layer's 9 kernels; a Qwen3 layer runs 9 + 2 (q/k norm)
+    plain = (e["step_overhead_ms"] * 1e-3 + e["layer_overhead_us"] * 1e-6 * m.num_layers * (9 + 2) / 9
+             + e["per_seq_overhead_us"] * 1e-6 * 12)
     for runner in ("v1", "v2"):
         cost = StepCostModel(gpu, m, 1, model_runner=runner, async_scheduling=False)
         assert float(cost.time_parts(_verify_features(12, 0))["overhead"]) == pytest.approx(plain, rel=1e-12)

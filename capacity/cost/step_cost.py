@@ -237,6 +237,19 @@ def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduc
 # weighted sum: 7, so 13, plus the shared expert's three.
 MOE_LAYER_KERNELS = 13
 SHARED_EXPERT_KERNELS = 3
+# Kernels an attention block launches beyond the GQA block's five counted above (basis: assumed counts from
+# vLLM's model code, not traced). MLA (DeepSeek-V3 / Kimi-K2.5; vllm/model_executor/layers/mla.py
+# MultiHeadLatentAttentionWrapper.forward) runs fused_qkv_a_proj, q_a_layernorm, kv_a_layernorm and q_b_proj
+# before attention and the MLA backend's W_UK and W_UV batched matmuls around its decode kernel: ten where GQA
+# runs five. A q/k RMSNorm adds two: Qwen3's per-head q_norm and k_norm; MiniMax-M2's per-layer norm
+# (vllm/model_executor/layers/mamba/linear_attn.py MiniMaxText01RMSNormTP.forward_qk) reduces the variance
+# before its all-reduce and scales after it.
+MLA_EXTRA_KERNELS = 5
+QK_NORM_EXTRA_KERNELS = 2
+# Bytes per token of MiniMax-M2's per-layer q/k-norm all-reduce: the q and k variances in fp32, all-reduced
+# over the tensor-parallel group once per layer when TP > 1 (forward_qk above: torch.cat([q_var, k_var])
+# then tensor_model_parallel_all_reduce).
+QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 
 
 def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0) -> float:
@@ -247,8 +260,10 @@ def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0) -
     if kernels_per_dense_layer <= 0:
         return float(model.num_layers)
     moe = model.num_moe_layers
+    attention_extra = (MLA_EXTRA_KERNELS if model.uses_mla else 0) + (QK_NORM_EXTRA_KERNELS if model.qk_norm else 0)
     kernels = ((model.num_layers - moe) * kernels_per_dense_layer
-               + moe * (MOE_LAYER_KERNELS + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0)))
+               + moe * (MOE_LAYER_KERNELS + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0))
+               + model.num_layers * attention_extra)
     return kernels / kernels_per_dense_layer
 
 
@@ -739,6 +754,11 @@ class StepCostModel:
                    + allreduce_bytes(message, tp, self._allreduce_algorithm, self._quick_reduce)
                    / (self._allreduce_bw * eff["allreduce"]))
             after["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
+            if m.qk_norm == "per_layer":     # one more, tiny, per layer (QK_NORM_ALLREDUCE_BYTES_PER_TOKEN)
+                norm = (self.gpu.scaleup_latency_us * 1e-6
+                        + allreduce_bytes(n_tok * QK_NORM_ALLREDUCE_BYTES_PER_TOKEN, tp, self._allreduce_algorithm,
+                                          self._quick_reduce) / (self._allreduce_bw * eff["allreduce"]))
+                after["allreduce"] = after["allreduce"] + m.num_layers * norm * (n_tok > 0)
         overhead = None
         if with_overhead:
             kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units

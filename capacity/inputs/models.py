@@ -261,6 +261,7 @@ class ModelArch:
     mlp_intermediate_size: int = 0            # width of the dense MLP layers (0: none)
     expert_intermediate_size: int = 0         # width of one routed expert (0: no MoE layers)
     shared_expert_intermediate_size: int = 0  # total width of a MoE layer's shared experts (0: none)
+    qk_norm: str | None = None                # "per_head" | "per_layer" q/k RMSNorm of GQA layers (None: none, or MLA)
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def __hash__(self) -> int:
@@ -468,6 +469,14 @@ class _Attn:
     flops_per_ctx: float = 0.0     # per query token per attended context token
 
 
+def _qk_norm(cfg: _Config, tr: dict[str, Any]) -> str | None:
+    """"per_head" (an RMSNorm over each head's q and k), "per_layer" (over all of q and all of k, MiniMax-M2's
+    `qk_norm_type`) or None: the config's use_qk_norm / qk_norm_type where it has them, else the model type's trait."""
+    if "use_qk_norm" in cfg.c:
+        return (cfg.raw("qk_norm_type") or "per_head") if cfg.flag("use_qk_norm") else None
+    return tr.get("qk_norm")
+
+
 def _gqa(cfg: _Config, tr: dict[str, Any], h_in: int, h: int, nq: int, nkv: int, hd: int, *,
          has_v: bool, kv_shared: bool, kv_b: float) -> _Attn:
     gated = cfg.flag("attn_output_gate")
@@ -481,9 +490,7 @@ def _gqa(cfg: _Config, tr: dict[str, Any], h_in: int, h: int, nq: int, nkv: int,
         p.other += q_out + (0 if kv_shared else nkv * hd * (2 if has_v else 1))
     if bias:
         p.other += h                                            # o_proj bias
-    qk = tr.get("qk_norm")
-    if "use_qk_norm" in cfg.c:
-        qk = (cfg.raw("qk_norm_type") or "per_head") if cfg.flag("use_qk_norm") else None
+    qk = _qk_norm(cfg, tr)
     if qk == "per_layer":
         p.other += nq * hd + (0 if kv_shared else nkv * hd)
     elif qk:
@@ -1262,6 +1269,7 @@ def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: l
                                   else 0),
         expert_intermediate_size=int(s.expert_inter or 0) if n_moe else 0,
         shared_expert_intermediate_size=int(ex.shared_width * ex.n_shared),
+        qk_norm=None if s.uses_mla else _qk_norm(s.cfg, s.tr),
         assumptions=tuple(assumptions),
     )
 
