@@ -142,3 +142,28 @@ def test_expert_parallel_rows_keep_littles_law_with_the_gpus_that_served_them(ro
     r = next(r for r in ep_rows.to_dict(orient="records") if r["gpu"] == "H100" and r["model"] == "MiniMax-M2.5"
              and float(r["isl"]) == 1024 and float(r["osl"]) == 1024 and float(r["concurrency_or_qps"]) == 4)
     assert little_in_flight(r, 0.9 * 1024, 4.0) == pytest.approx(4 * 95.3944 / (0.9 * 1024) * 9.3509562, rel=1e-4)
+
+
+def test_mi355x_quark_mxfp4_series_run_on_the_matrix_cores_their_activations_name(rows):
+    """amd/Kimi-K2.5-MXFP4 and amd/MiniMax-M2.5-MXFP4 quantize the experts' activations to MXFP4 too, which vLLM's
+    Quark MoE method runs natively on gfx950 with AITER (quark_moe.py QuarkOCP_MX_MoEMethod; both scripts export
+    VLLM_ROCM_USE_AITER=1): FP4 matrix cores. amd/gpt-oss-120b-w-mxfp4-a-fp8 has static FP8 activations
+    (QuarkOCP_MX_MoEMethod_OSS, mxfp4_w4a8): FP8. The int4 Kimi series and the 2025 gpt-oss series
+    (openai/gpt-oss-120b) stay weight-only: bf16."""
+    from capacity.inputs.hardware import load_gpu
+    mi355x = load_gpu("MI355X")
+    sel = rows[(rows.source_id == "inferencex_api_snapshot_2026-05-09") & (rows.gpu == "MI355X")]
+
+    def expert_compute(model, precision, version=None):
+        row = sel[(sel.model == model) & (sel.precision == precision)]
+        if version is not None:
+            row = row[row.framework_version.fillna("") == version]
+        sc = row_scenario(row.iloc[0].to_dict())[0]
+        m = load_model(sc["deployment"]["model"], weight_precision=sc["deployment"].get("precision"))
+        return mi355x.compute_dtype(m.compute_weight_dtype)
+
+    assert expert_compute("Kimi-K2.5", "fp4") == "fp4"
+    assert expert_compute("MiniMax-M2.5", "fp4") == "fp4"
+    assert expert_compute("gpt-oss-120b", "fp4", "vllm/vllm-openai-rocm:v0.17.0") == "fp8"
+    assert expert_compute("gpt-oss-120b", "fp4", "") == "bf16"
+    assert expert_compute("Kimi-K2.5", "int4") == "bf16"
