@@ -749,16 +749,10 @@ class StepCostModel:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)
         after: dict[str, np.ndarray | float] = {}
         if tp > 1:
-            message = n_tok * m.hidden_size * ACTIVATION_BYTES
-            one = (self.gpu.scaleup_latency_us * 1e-6
-                   + allreduce_bytes(message, tp, self._allreduce_algorithm, self._quick_reduce)
-                   / (self._allreduce_bw * eff["allreduce"]))
-            after["allreduce"] = 2 * m.num_layers * one * (n_tok > 0)
+            seconds = 2 * m.num_layers * self._allreduce_call_s(n_tok * m.hidden_size * ACTIVATION_BYTES, eff)
             if m.qk_norm == "per_layer":     # one more, tiny, per layer (QK_NORM_ALLREDUCE_BYTES_PER_TOKEN)
-                norm = (self.gpu.scaleup_latency_us * 1e-6
-                        + allreduce_bytes(n_tok * QK_NORM_ALLREDUCE_BYTES_PER_TOKEN, tp, self._allreduce_algorithm,
-                                          self._quick_reduce) / (self._allreduce_bw * eff["allreduce"]))
-                after["allreduce"] = after["allreduce"] + m.num_layers * norm * (n_tok > 0)
+                seconds = seconds + m.num_layers * self._allreduce_call_s(n_tok * QK_NORM_ALLREDUCE_BYTES_PER_TOKEN, eff)
+            after["allreduce"] = seconds * (n_tok > 0)
         overhead = None
         if with_overhead:
             kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units
@@ -767,6 +761,13 @@ class StepCostModel:
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
+
+    def _allreduce_call_s(self, message_bytes, eff: dict[str, float]):
+        """Seconds of one tensor-parallel all-reduce of `message_bytes`: the scale-up latency plus the bytes each
+        GPU moves (allreduce_bytes: vLLM's algorithm or the ring, QuickReduce where it applies) over its bandwidth."""
+        return (self.gpu.scaleup_latency_us * 1e-6
+                + allreduce_bytes(message_bytes, self.tp, self._allreduce_algorithm, self._quick_reduce)
+                / (self._allreduce_bw * eff["allreduce"]))
 
     def _priced(self, shape: tuple, f: StepFeatures, eff: dict[str, float]) -> dict[str, np.ndarray | float]:
         """`time_parts` from its `_shape_parts` and the step's attention features."""
