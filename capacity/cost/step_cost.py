@@ -81,6 +81,15 @@ decode or prefill step is priced as before):
   runs (`gemm_calls`: vLLM's fused linear layers and FusedMoE's two grouped GEMMs per MoE layer), so it is a
   fixed cost counted from the model's structure; the rest of a layer's fixed time stays in
   `layer_overhead_us`.
+* Weight-only int4 experts (W4A16: compressed-tensors / AWQ / GPTQ, e.g. Kimi-K2.5's INT4 checkpoint). vLLM
+  runs them in its triton grouped GEMM for int4 weights (vllm/model_executor/layers/fused_moe/fused_moe.py
+  `fused_moe_kernel_gptq_awq`, `use_int4_w4a16`): each tile of packed int4 weights is loaded, unpacked and
+  scaled to bf16 in registers and multiplied with `tl.dot` on the bf16 matrix cores. The unpacking is
+  paid once per weight tile whatever the tokens routed to it, so it slows the weight-streaming side
+  (small M, decode), which `moe_int4` prices (efficiency of streaming the packed weights against HBM
+  bandwidth), while the FLOPs of a large-M (prefill) call run at the bf16 grouped-GEMM rate, `moe` like
+  every other format's experts. One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill
+  2.1x slower than measured on MI355X (TP8) once decode had pulled `moe_int4` down.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
   every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
@@ -732,13 +741,15 @@ class StepCostModel:
             before["dense_gemm"] = before["dense_gemm"] + self._dense_call_s
         if m.num_moe_layers:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
-            moe = eff[self.moe_efficiency_key]
+            # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
+            # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
+            moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
             if self._expert_curve is None:
                 flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
             else:
                 ceiling, extra = self._expert_curve
                 flops_s = (m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
-            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe)
+            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe_stream)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)

@@ -261,10 +261,10 @@ class GpuProfile:
         return native if native in self.peak_dense_tflops else "bf16"
 
     def moe_efficiency_key(self, expert_weight_dtype: str) -> str:
-        """The efficiency entry that scales expert (MoE) GEMMs on weights of this dtype: `moe_int4` for
-        integer 4-bit weight-only experts (compressed-tensors/AWQ/GPTQ W4A16: a separate kernel path on
-        ROCm whose measured speed is far from the fp8/mxfp4 experts', e.g. Kimi-K2.5 INT4 on MI300X),
-        `moe` for every other format."""
+        """The efficiency entry that scales the weight streaming of expert (MoE) GEMMs on weights of this
+        dtype: `moe_int4` for integer 4-bit weight-only experts (compressed-tensors/AWQ/GPTQ W4A16: vLLM's
+        triton int4 grouped GEMM, which unpacks every weight tile in registers; its FLOPs run at `moe`,
+        capacity/cost/step_cost.py), `moe` for every other format."""
         return "moe_int4" if _normalise_dtype(expert_weight_dtype) in _INT4_DTYPES else "moe"
 
     def peak_tflops(self, dtype: str) -> float:

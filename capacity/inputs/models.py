@@ -129,6 +129,18 @@ KV_DTYPE_BYTES: dict[str, float] = {
 _INDEX_KEY_BYTES_PER_VALUE = 1.0
 _INDEX_SCALE_BYTES_PER_BLOCK = 4.0
 _INDEX_QUANT_BLOCK = 128
+# MLA runs in two forms in vLLM (vllm/model_executor/layers/attention/mla_attention.py module docstring, lines
+# 66-89 "Compute Friendly Approach" and the forward_impl dispatch at 700-737; before 2026 the same text in
+# vllm/v1/attention/backends/mla/common.py): decode tokens (query length at most the backend's
+# reorder_batch_threshold, 1 or 1 + num_speculative_tokens where MLA backends take speculation as decode:
+# vllm/v1/attention/backend.py _init_reorder_batch_threshold) run the absorbed latent MQA, QK over
+# kv_lora_rank + qk_rope_head_dim and PV over kv_lora_rank per head; prompt chunks run ordinary MHA on
+# k_nope, v up-projected from the latent (QK over qk_nope + qk_rope, PV over v_head_dim per head: 3.4x
+# fewer FLOPs per context token for DeepSeek-V3 / Kimi-K2), and up-project the chunk's cached context
+# (kv_b_proj over every earlier token, _compute_prefill_context). Sparse (DSA) MLA layers run the absorbed
+# form at prefill too (FlashMLA sparse prefill). The threshold here bounds every verified width in use
+# (1 + N, N <= 15); a prompt chunk of at most this many tokens is priced in the decode form (basis: assumed).
+MLA_DECODE_MAX_QUERY_TOKENS = 16
 
 # Architecture facts HF keeps in modelling code, keyed on model_type (top level or text_config).
 #   qk_norm: "per_head" q_norm/k_norm over head_dim (Qwen3, Gemma 3/4, OLMo-style)
@@ -254,6 +266,11 @@ class ModelArch:
     sparse_kv_bytes_per_token: float = 0.0    # the part of kv_bytes_per_token held by sparse layers (excl. indexer keys)
     index_kv_bytes_per_token: float = 0.0     # the part of kv_bytes_per_token that is indexer keys (read in full)
     sparse_attn_flops_per_token_per_ctx: float = 0.0   # per query token per ATTENDED token over sparse layers
+    # dense MLA layers (MLA_DECODE_MAX_QUERY_TOKENS): their share of attn_flops_per_token_per_ctx (absorbed decode
+    # form), the same in the prompt-chunk MHA form, and the up-projection FLOPs per cached context token of a chunk
+    mla_decode_flops_per_token_per_ctx: float = 0.0
+    mla_prefill_flops_per_token_per_ctx: float = 0.0
+    mla_context_flops_per_token: float = 0.0
     params_native_mtp: int = 0                # native MTP modules, excl. the shared embedding and LM head
     mtp_kv_bytes_per_token: float = 0.0       # KV per context token the native MTP layers add when used
     tied_embeddings: bool = False             # the LM head is the input embedding table (stored once)
@@ -267,6 +284,12 @@ class ModelArch:
     def __hash__(self) -> int:
         return hash((self.name, self.role, self.weight_precision, self.kv_dtype, self.params_total,
                      self.weight_bytes_total, self.kv_bytes_per_token, self.source))
+
+    @property
+    def _prefill_flops_per_ctx(self) -> float:
+        """attn_flops_per_token_per_ctx with the dense MLA layers in their prompt-chunk (MHA) form."""
+        return self.attn_flops_per_token_per_ctx - self.mla_decode_flops_per_token_per_ctx \
+            + self.mla_prefill_flops_per_token_per_ctx
 
     # ---------------------------------------------------------------------------------------- costs
     def kv_cache_bytes(self, context_tokens: np.ndarray) -> np.ndarray:
@@ -290,13 +313,20 @@ class ModelArch:
         context length `context_tokens` (the chunk included). Causal: the i-th new token
         (i = 1..n) attends to c − n + i tokens, so a full layer sees n·c − n(n−1)/2 context
         tokens; sliding and sparse layers see min(position, window / sparse budget) per token.
-        Includes the linear-attention per-token work (n × `linear_attn_flops_per_token`)."""
+        Includes the linear-attention per-token work (n × `linear_attn_flops_per_token`). Dense MLA
+        layers are priced in vLLM's prompt-chunk form for chunks longer than MLA_DECODE_MAX_QUERY_TOKENS."""
         n = np.asarray(new_tokens, dtype=np.float64)
         c = np.asarray(context_tokens, dtype=np.float64)
         if np.any(n < 0) or np.any(n > c):
             raise ValueError("attention_flops needs 0 <= new_tokens <= context_tokens")
         full = n * c - n * (n - 1.0) / 2.0
-        out = self.attn_flops_per_token_per_ctx * full + self.linear_attn_flops_per_token * n
+        if self.mla_prefill_flops_per_token_per_ctx:
+            dense = np.where(n > MLA_DECODE_MAX_QUERY_TOKENS,
+                             self._prefill_flops_per_ctx * full + self.mla_context_flops_per_token * (c - n),
+                             self.attn_flops_per_token_per_ctx * full)
+        else:
+            dense = self.attn_flops_per_token_per_ctx * full
+        out = dense + self.linear_attn_flops_per_token * n
         if self.swa_attn_flops_per_token_per_ctx:
             out = out + self.swa_attn_flops_per_token_per_ctx * _capped_sum(n, c, self.sliding_window)
         if self.sparse_attn_flops_per_token_per_ctx:
@@ -310,7 +340,11 @@ class ModelArch:
         if n < 0 or n > c:
             raise ValueError("attention_flops needs 0 <= new_tokens <= context_tokens")
         full = n * c - n * (n - 1.0) / 2.0
-        out = self.attn_flops_per_token_per_ctx * full + self.linear_attn_flops_per_token * n
+        if self.mla_prefill_flops_per_token_per_ctx and n > MLA_DECODE_MAX_QUERY_TOKENS:
+            dense = self._prefill_flops_per_ctx * full + self.mla_context_flops_per_token * (c - n)
+        else:
+            dense = self.attn_flops_per_token_per_ctx * full
+        out = dense + self.linear_attn_flops_per_token * n
         if self.swa_attn_flops_per_token_per_ctx:
             out = out + self.swa_attn_flops_per_token_per_ctx * _capped_sum_one(n, c, self.sliding_window)
         if self.sparse_attn_flops_per_token_per_ctx:
@@ -467,6 +501,8 @@ class _Attn:
     params: _Parts
     kv_bytes: float = 0.0          # per context token
     flops_per_ctx: float = 0.0     # per query token per attended context token
+    prefill_flops_per_ctx: float | None = None   # MLA: the same in the prompt-chunk (MHA) form; None: as flops_per_ctx
+    context_flops: float = 0.0     # MLA: FLOPs per cached context token a prompt chunk up-projects (kv_b_proj)
 
 
 def _qk_norm(cfg: _Config, tr: dict[str, Any]) -> str | None:
@@ -516,7 +552,9 @@ def _mla(cfg: _Config, h_in: int, h: int, nh: int, kv_b: float) -> _Attn:
     p.dense_linear += h_in * (kv_lora + rope) + kv_lora * nh * (nope + v) + nh * v * h
     p.other += kv_lora                                          # kv_a_layernorm
     return _Attn(params=p, kv_bytes=(kv_lora + rope) * kv_b,
-                 flops_per_ctx=2.0 * nh * (2 * kv_lora + rope))
+                 flops_per_ctx=2.0 * nh * (2 * kv_lora + rope),             # absorbed: QK (kv_lora + rope), PV kv_lora
+                 prefill_flops_per_ctx=2.0 * nh * (nope + rope + v),        # MHA: QK (nope + rope), PV v
+                 context_flops=2.0 * kv_lora * nh * (nope + v))             # kv_b_proj of one cached token
 
 
 def _gated_deltanet(cfg: _Config, h: int) -> tuple[_Parts, float, float]:
@@ -902,6 +940,9 @@ class _AttnSums:
     swa_flops: float = 0.0
     index_flops: float = 0.0
     lin_flops: float = 0.0
+    mla_decode_flops: float = 0.0     # the dense MLA layers' share of full_flops (absorbed form)
+    mla_prefill_flops: float = 0.0    # the same layers in the prompt-chunk (MHA) form
+    mla_context_flops: float = 0.0    # their kv_b_proj FLOPs per cached context token of a prompt chunk
 
 
 def _attention(s: _Shape, sp: _Sparse, h_in: int) -> _AttnSums:
@@ -924,6 +965,10 @@ def _attention(s: _Shape, sp: _Sparse, h_in: int) -> _AttnSums:
         else:
             out.full_kv += a.kv_bytes
             out.full_flops += a.flops_per_ctx
+            if a.prefill_flops_per_ctx is not None:
+                out.mla_decode_flops += a.flops_per_ctx
+                out.mla_prefill_flops += a.prefill_flops_per_ctx
+                out.mla_context_flops += a.context_flops
         if sp.flags[i]:                                  # the indexer reads its keys for every context token
             out.params.add(_indexer(s, sp))
             out.index_kv += sp.key_bytes
@@ -1262,6 +1307,9 @@ def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: l
         sparse_kv_bytes_per_token=attn.sparse_kv,
         index_kv_bytes_per_token=attn.index_kv,
         sparse_attn_flops_per_token_per_ctx=attn.sparse_flops,
+        mla_decode_flops_per_token_per_ctx=attn.mla_decode_flops,
+        mla_prefill_flops_per_token_per_ctx=attn.mla_prefill_flops,
+        mla_context_flops_per_token=attn.mla_context_flops,
         params_native_mtp=int(mtp.params),
         mtp_kv_bytes_per_token=mtp.kv,
         tied_embeddings=bool(o.tied and o.embed and o.lm_head_owned),

@@ -99,13 +99,18 @@ def build_mtp_module(target: ModelArch) -> ModelArch:
     if all_sparse:
         index_kv = target.index_kv_bytes_per_token / n_kv_layers
         attn = dict(attn_flops_per_token_per_ctx=target.attn_flops_per_token_per_ctx / n_kv_layers,
-                    num_sparse_attention_layers=1, sparse_kv_bytes_per_token=max(kv - index_kv, 0.0),
+                    mla_decode_flops_per_token_per_ctx=0.0, mla_prefill_flops_per_token_per_ctx=0.0,
+                    mla_context_flops_per_token=0.0, num_sparse_attention_layers=1, sparse_kv_bytes_per_token=max(kv - index_kv, 0.0),
                     index_kv_bytes_per_token=index_kv,
                     sparse_attn_flops_per_token_per_ctx=target.sparse_attn_flops_per_token_per_ctx / n_kv_layers)
     else:
         per_ctx = (target.attn_flops_per_token_per_ctx / n_kv_layers if target.uses_mla
                    else 4.0 * target.num_attention_heads * (target.full_head_dim or target.head_dim))
+        mla = target.uses_mla and target.mla_prefill_flops_per_token_per_ctx
         attn = dict(attn_flops_per_token_per_ctx=per_ctx, num_sparse_attention_layers=0,
+                    mla_decode_flops_per_token_per_ctx=per_ctx if mla else 0.0,
+                    mla_prefill_flops_per_token_per_ctx=target.mla_prefill_flops_per_token_per_ctx / n_kv_layers if mla else 0.0,
+                    mla_context_flops_per_token=target.mla_context_flops_per_token / n_kv_layers if mla else 0.0,
                     sparse_kv_bytes_per_token=0.0, index_kv_bytes_per_token=0.0,
                     sparse_attn_flops_per_token_per_ctx=0.0, sparse_attention_tokens=None)
     moe = bool(target.num_moe_layers)
