@@ -249,6 +249,30 @@ def test_attention_flops_chunk_vs_brute_force(n: int, c: int) -> None:
         _brute_attention([(16 * 4 * 24 * 256, None)], 48 * gdn, n, c), rel=1e-12)
 
 
+@pytest.mark.parametrize("n,c", [(1, 8192), (4, 300), (16, 16), (17, 17), (1024, 1024), (8192, 8192), (1024, 8192)])
+def test_mla_prompt_chunks_in_vllms_mha_form(n: int, c: int) -> None:
+    """vLLM runs dense MLA in two forms (vllm/model_executor/layers/attention/mla_attention.py docstring, 66-89):
+    decode tokens (query length <= 1 + num_spec) the absorbed MQA over the 512-wide latent + 64 rope dims;
+    prompt chunks ordinary MHA over k_nope, v up-projected from the latent (QK 128 + 64, PV 128 per head), after
+    up-projecting the chunk's cached context with kv_b_proj (512 -> 64 heads x (128 + 128)). Kimi-K2.5: 61 MLA
+    layers, 64 heads (its config.json)."""
+    kimi = load_model("Kimi-K2.5")
+    pairs = n * c - n * (n - 1) / 2
+    if n <= 16:
+        want = 61 * 2 * 64 * (2 * 512 + 64) * pairs
+    else:
+        want = 61 * 2 * 64 * (128 + 64 + 128) * pairs + 61 * 2 * 512 * 64 * (128 + 128) * (c - n)
+    assert kimi.attention_flops(np.array([n]), np.array([c]))[0] == pytest.approx(want, rel=1e-12)
+    assert kimi.attention_flops_one(n, c) == pytest.approx(want, rel=1e-12)
+
+
+def test_sparse_mla_prompt_chunks_stay_absorbed() -> None:
+    """DSA (sparse) MLA layers prefill in the absorbed form too (FlashMLA sparse prefill): GLM-5's prompt chunks
+    cost what the absorbed formula says (the brute-force check above covers it at every chunk size)."""
+    glm = load_model("GLM-5")
+    assert glm.mla_prefill_flops_per_token_per_ctx == 0.0 and glm.mla_context_flops_per_token == 0.0
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(min_value=1, max_value=3000), st.integers(min_value=0, max_value=3000))
 def test_attention_flops_property_swa(c: int, n_raw: int) -> None:
@@ -262,7 +286,7 @@ def test_attention_flops_property_swa(c: int, n_raw: int) -> None:
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from(["gemma-4-31B-it", "GLM-5", "gpt-oss-120b", "Qwen3.5-27B", "Llama-3.1-8B"]),
+@given(st.sampled_from(["gemma-4-31B-it", "GLM-5", "gpt-oss-120b", "Qwen3.5-27B", "Llama-3.1-8B", "Kimi-K2.5"]),
        st.integers(min_value=0, max_value=200_000), st.integers(min_value=0, max_value=200_000))
 def test_attention_flops_one_is_the_vectorised_bits(name: str, c: int, n_raw: int) -> None:
     """The scalar path the step cost takes for a step's few prompt chunks gives the same float, bit for

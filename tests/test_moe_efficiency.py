@@ -1,5 +1,7 @@
-"""Expert GEMMs of int4 (W4A16) MoE models are priced with the profile's `moe_int4` efficiency,
-every other expert format with `moe` (capacity.inputs.hardware.GpuProfile.moe_efficiency_key)."""
+"""Expert GEMMs of int4 (W4A16) MoE models stream their weights at the profile's `moe_int4` efficiency and
+run their FLOPs at `moe` (vLLM's triton int4 grouped GEMM unpacks each weight tile to bf16 in registers and
+multiplies on the bf16 matrix cores: fused_moe.py `fused_moe_kernel_gptq_awq`); every other expert format
+uses `moe` for both (capacity.inputs.hardware.GpuProfile.moe_efficiency_key)."""
 
 import numpy as np
 import pytest
@@ -9,10 +11,10 @@ from capacity.inputs.models import load_model
 from capacity.cost.step_cost import StepCostModel
 
 
-def _moe_seconds(model_id: str, **eff) -> float:
+def _moe_seconds(model_id: str, tokens: int = 1, **eff) -> float:
     gpu = load_gpu("MI300X")
     cost = StepCostModel(gpu, load_model(model_id), 8)
-    f = cost.features(np.full(16, 1), np.full(16, 2048))
+    f = cost.features(np.full(16, tokens), np.full(16, 2048))
     return float(cost.time_parts(f, {**gpu.efficiency, **eff})["moe_gemm"])
 
 
@@ -21,6 +23,14 @@ def test_int4_experts_scale_inversely_with_moe_int4_only():
     # both roofline terms of the expert GEMM divide by the efficiency: halving it doubles the time
     assert _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.2) == pytest.approx(2 * base, rel=1e-12)
     assert _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.4, moe=0.9) == pytest.approx(base, rel=1e-12)
+
+
+def test_int4_prefill_computes_at_moe_not_moe_int4():
+    """16 prompt chunks of 2048 tokens: 32k tokens touch every expert, so the grouped GEMM is compute-bound
+    and its time is the routed-expert FLOPs at bf16 over `moe`, whatever `moe_int4` is."""
+    base = _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.8, moe_int4=0.4)
+    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.8, moe_int4=0.2) == pytest.approx(base, rel=1e-12)
+    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.4, moe_int4=0.4) == pytest.approx(2 * base, rel=1e-12)
 
 
 def test_other_expert_formats_ignore_moe_int4():
