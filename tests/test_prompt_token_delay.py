@@ -95,6 +95,18 @@ def test_a_fit_on_the_upper_bound_is_reported_as_failed(tmp_path):
     assert any("prompt_token_overhead_us landed on its upper bound" in w for w in result.warnings)
 
 
+def test_a_fit_on_the_floor_is_reported(tmp_path):
+    """Runs made with no time per prompt token at all leave the fitted time per prompt token on its floor 0,
+    and the calibration says so (a value on either bound is not a measurement of the mechanism)."""
+    eff = dict(load_gpu("MI300X").efficiency, request_overhead_ms=5.0, prompt_token_overhead_us=0.0)
+    files = _one_user_runs(tmp_path, eff)
+    result = calibrate.run(files, "MI300X", progress=False, workers=1, cross_validate=False, rounds=1,
+                           keys=("request_overhead_ms", "prompt_token_overhead_us"), prior_weight=0.0)
+    assert result.fitted["prompt_token_overhead_us"] <= calibrate.FLOOR_TOLERANCE["prompt_token_overhead_us"]
+    assert any("prompt_token_overhead_us fitted to 0" in w for w in result.warnings)
+    assert not any("request_overhead_ms fitted to 0" in w for w in result.warnings)
+
+
 def test_a_held_parameter_keeps_the_profile_value_and_the_others_absorb_it(tmp_path):
     """`--hold prompt_token_overhead_us` (an ablation): runs made with 10 us/token, fitted with the term
     held at the profile's 0, leave it at 0, say why, and the constant delay grows to carry part of it."""

@@ -79,6 +79,10 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
+# How close to its lower bound a fitted value counts as on it: overheads (floor 0) within 1e-3 of their unit
+# (a nanosecond-scale host time is no time), fractions within 0.1 % of their floor
+FLOOR_TOLERANCE = {"step_overhead_ms": 1e-6, "per_seq_overhead_us": 1e-3, "layer_overhead_us": 1e-3,
+                   "request_overhead_ms": 1e-6, "prompt_token_overhead_us": 1e-3}
 F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull grows linearly, not quadratically
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
 # mid-range efficiencies and small overheads. Not a prior: the better of the two fits is kept.
@@ -423,6 +427,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
         info["converged"] = bool(sol.success)
         info["message"] = str(sol.message)
         info["at_bound"] = [k for k, v in zip(keys, sol.x) if v >= BOUNDS[k][1] * (1 - 1e-3)]
+        info["at_floor"] = [k for k, v in zip(keys, sol.x) if v <= BOUNDS[k][0] + FLOOR_TOLERANCE.get(k, 1e-3 * BOUNDS[k][0])]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})
     return fitted
@@ -757,6 +762,13 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
         else:
             result.warnings.append(f"{k} landed on its upper bound {BOUNDS[k][1]:g} (a failed fit: larger than the "
                                    f"mechanism it stands for allows); the runs are slower than the model explains")
+    for k in info.get("at_floor", []):
+        if k in FRACTION_EFFICIENCY_KEYS:
+            result.warnings.append(f"{k} landed on its floor {BOUNDS[k][0]:g} (a failed fit: slower than any kernel "
+                                   f"it stands for); the runs are slower than the model explains")
+        else:
+            result.warnings.append(f"{k} fitted to 0 (its floor): these runs show none of that time, or another "
+                                   f"term carries it; not identified by them")
     if test:
         result.holdout_errors = _tables(predictions(test, fitted))
     return train
