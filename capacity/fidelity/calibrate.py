@@ -755,23 +755,29 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
     result.warnings.extend(_repricing_warnings(result.repriced_train_errors, result.train_errors))
     if not info.get("converged", True):
         result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
-    for k in info.get("at_bound", []):
-        if k in FRACTION_EFFICIENCY_KEYS:
-            result.warnings.append(f"{k} landed on its bound {BOUNDS[k][1]:g} (would exceed 1 = peak): the runs are "
-                                   f"faster than the model allows; check the GPU, TP, precision and model of the runs")
-        else:
-            result.warnings.append(f"{k} landed on its upper bound {BOUNDS[k][1]:g} (a failed fit: larger than the "
-                                   f"mechanism it stands for allows); the runs are slower than the model explains")
-    for k in info.get("at_floor", []):
-        if k in FRACTION_EFFICIENCY_KEYS:
-            result.warnings.append(f"{k} landed on its floor {BOUNDS[k][0]:g} (a failed fit: slower than any kernel "
-                                   f"it stands for); the runs are slower than the model explains")
-        else:
-            result.warnings.append(f"{k} fitted to 0 (its floor): these runs show none of that time, or another "
-                                   f"term carries it; not identified by them")
+    result.warnings.extend(_bound_warning(k, "upper") for k in info.get("at_bound", []))
+    result.warnings.extend(_bound_warning(k, "floor") for k in info.get("at_floor", []))
     if test:
         result.holdout_errors = _tables(predictions(test, fitted))
     return train
+
+
+_BOUND_WARNINGS = {
+    ("upper", True): "{k} landed on its bound {v:g} (would exceed 1 = peak): the runs are faster than the model allows; "
+                     "check the GPU, TP, precision and model of the runs",
+    ("upper", False): "{k} landed on its upper bound {v:g} (a failed fit: larger than the mechanism it stands for "
+                      "allows); the runs are slower than the model explains",
+    ("floor", True): "{k} landed on its floor {v:g} (a failed fit: slower than any kernel it stands for); the runs are "
+                     "slower than the model explains",
+    ("floor", False): "{k} fitted to 0 (its floor): these runs show none of that time, or another term carries it; "
+                      "not identified by them",
+}
+
+
+def _bound_warning(key: str, side: str) -> str:
+    """The warning for a fitted value on its upper bound or its floor (`BOUNDS`)."""
+    value = BOUNDS[key][1 if side == "upper" else 0]
+    return _BOUND_WARNINGS[side, key in FRACTION_EFFICIENCY_KEYS].format(k=key, v=value)
 
 
 def _leave_one_model_out(result: CalibrationResult, train: list[Repricer], fitted: dict[str, float],
