@@ -85,10 +85,11 @@ decode or prefill step is priced as before):
   runs them in its triton grouped GEMM for int4 weights (vllm/model_executor/layers/fused_moe/fused_moe.py
   `fused_moe_kernel_gptq_awq`, `use_int4_w4a16`): each tile of packed int4 weights is loaded, unpacked and
   scaled to bf16 in registers and multiplied with `tl.dot` on the bf16 matrix cores. The unpacking is
-  paid once per weight tile whatever the tokens routed to it, so it slows the weight-streaming side
-  (small M, decode), which `moe_int4` prices (efficiency of streaming the packed weights against HBM
-  bandwidth), while the FLOPs of a large-M (prefill) call run at the bf16 grouped-GEMM rate, `moe` like
-  every other format's experts. One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill
+  paid per weight tile per block of BLOCK_SIZE_M tokens (16-64, `get_default_config`), so at decode,
+  one block per expert, it slows the weight-streaming side, which `moe_int4` prices (efficiency of
+  streaming the packed weights against HBM bandwidth); at a large-M (prefill) call it is spread over
+  up to 64 tokens per tile and the FLOPs, at the bf16 grouped-GEMM rate `moe` like every other format's
+  experts, dominate. One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill
   2.1x slower than measured on MI355X (TP8) once decode had pulled `moe_int4` down.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
