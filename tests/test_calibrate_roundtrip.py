@@ -100,7 +100,9 @@ def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys
     assert main(["calibrate", *result_files, log, "--gpu", "MI300X", "--out", str(out), "--workers", "1",
                  "--prior-weight", "0", "--rounds", "3", "--quiet", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
-    assert res["round_costs"][-1] < 1e-9   # the schedules recorded at the fit reproduce the runs exactly
+    # the schedules recorded at the fit reproduce the runs: each round cuts the cost about 15-fold (within a
+    # round a change of the request delay moves the requests' latencies, not the closed loop's pace)
+    assert res["round_costs"][-1] < 1e-6 and res["round_costs"][-1] < res["round_costs"][0] / 100
     known = truth()
     assert set(res["fitted_keys"]) == {"gemm", "hbm", "attention", "step_overhead_ms", "per_seq_overhead_us",
                                        "request_overhead_ms", "prompt_token_overhead_us"}

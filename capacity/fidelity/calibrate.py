@@ -15,7 +15,8 @@ That is exact for a closed loop with no request delay (request_overhead_ms and
 prompt_token_overhead_us 0). With a request delay, and for
 open-loop (Poisson/gamma) runs, the schedule depends on timing: open-loop rows are re-priced with
 their idle gaps kept (a busy period starts at the later of the previous step's end and the
-recorded wake-up, shifted by the change in request delay), and `rounds` > 1 re-records every row
+recorded wake-up); a change of the request delay moves the step an idle engine waited for, and
+otherwise the request's own latencies (`Repricer.predict`); and `rounds` > 1 re-records every row
 with the fitted parameters and fits again, so the last fit is made on schedules simulated at
 (nearly) the fitted values. Away from its recording point re-pricing is not exact (a request keeps
 the step it joined, although with another request delay it would join another), so the errors
@@ -230,6 +231,9 @@ class ClosedLoopEnds:
         return c + np.asarray(m_values)[at]
 
 
+WAITED_FOR_TOLERANCE_S = 1e-7   # a step that starts this close to a request's arrival at the engine waited for it
+
+
 class Repricer:
     """Prices a recorded row under any efficiency parameters."""
 
@@ -245,38 +249,50 @@ class Repricer:
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
         starts = rec.step_end_s - np.asarray(self.cost.total_time(self.features, rec.record_eff), dtype=float)
-        reach = rec.arrival_s + request_delays_s(rec.record_eff, rec.prompt_tokens)
+        self.recorded_delay_s = request_delays_s(rec.record_eff, rec.prompt_tokens)
+        reach = rec.arrival_s + self.recorded_delay_s
         self.join_step = np.minimum(np.searchsorted(starts, reach - 1e-9, side="left"), len(starts) - 1)
+        # requests whose arrival started their step (the engine was idle, waiting for them): their delay
+        # moves the schedule (`_ends`); every other request's delay moves its own latencies (`predict`)
+        self.waited_for = np.abs(starts[self.join_step] - reach) <= WAITED_FOR_TOLERANCE_S
         if not rec.open_loop:
             self.closed_loop = ClosedLoopEnds(self.join_step, rec.dispatch_step)
 
-    def _ends(self, durations: np.ndarray, efficiency: dict[str, float]) -> np.ndarray:
+    def _ends(self, durations: np.ndarray, bound_delay_s: np.ndarray) -> np.ndarray:
         """Step end times of the recorded schedule with new step durations.
 
         Steps run back to back, except that no step can start before the requests it first schedules
         have reached the engine: a request sent at a (open loop: recorded; closed loop: the end of the
-        step that freed its slot) arrives after its request delay d (`request_delays_s`), so the first
-        step that recorded it starts at >= a + d. With C the cumulative durations, end_k = C_k + max_{j<=k}(L_j - C_{j-1})
-        (L_j: the latest such bound on step j). A closed loop's bounds depend on earlier ends
-        (ClosedLoopEnds). At the recording parameters this reproduces the simulation exactly.
+        step that freed its slot) arrives after its request delay d (`bound_delay_s`, from `predict`),
+        so the first step that recorded it starts at >= a + d. With C the cumulative durations,
+        end_k = C_k + max_{j<=k}(L_j - C_{j-1}) (L_j: the latest such bound on step j). A closed loop's
+        bounds depend on earlier ends (ClosedLoopEnds). At the recording parameters this reproduces the
+        simulation exactly.
         """
         r = self.rec
-        d = request_delays_s(efficiency, r.prompt_tokens)
         c = np.cumsum(durations)
         c_prev = c - durations
         if not r.open_loop:
-            return self.closed_loop(c, c_prev, d)
+            return self.closed_loop(c, c_prev, bound_delay_s)
         bounds = np.full(len(durations), -np.inf)
-        np.maximum.at(bounds, self.join_step, r.arrival_s + d)
+        np.maximum.at(bounds, self.join_step, r.arrival_s + bound_delay_s)
         return c + np.maximum.accumulate(bounds - c_prev)
 
     def predict(self, efficiency: dict[str, float]) -> dict[str, float]:
         r = self.rec
         durations = np.asarray(self.cost.total_time(self.features, efficiency), dtype=float)
         out = r.output_tokens
-        ends = self._ends(durations, efficiency)
-        first = ends[r.first_token_step]
-        finish = ends[r.finish_step]
+        # A request whose delay changes by x reaches the engine x later. If the engine was idle waiting for it,
+        # its step starts x later (a bound of the schedule, exact). Otherwise it joins the first step that
+        # starts after it, and on average (the wait for a step boundary is the same) its first token and end
+        # move by x: a shift of its own latencies. Moving the busy engine's bound instead keeps the request
+        # in the late step it joined when x < 0 and stalls every other request when x > 0; that biased the
+        # fitted request delay upward (docs/seed_validation.md section 29).
+        delay = request_delays_s(efficiency, r.prompt_tokens)
+        shift = np.where(self.waited_for, 0.0, delay - self.recorded_delay_s)
+        ends = self._ends(durations, np.where(self.waited_for, delay, self.recorded_delay_s))
+        first = ends[r.first_token_step] + shift
+        finish = ends[r.finish_step] + shift
         if r.open_loop:
             arrival = r.arrival_s
             duration = float(finish.max() - arrival.min())
@@ -718,9 +734,10 @@ def _fit_in_rounds(result: CalibrationResult, pricers: list[Repricer], split: Ca
     """(the kept fit, the schedules it was fitted on, the schedules recorded at it, the fit's info).
 
     Every round's fit is checked by re-recording the rows at it (a full simulation, exact), and the
-    fit with the lowest simulated cost is kept: re-pricing misjudges the request delay away from its
-    recording point (lowering it keeps each request in the late step it joined), so the rounds can
-    swing between two delays (MI300X prior refit: 24 -> 66 ms) and the last one need not be best."""
+    fit with the lowest simulated cost is kept: re-pricing is exact only at its recording point, so the
+    last round need not be best. (Until 2026-12-05 re-pricing kept a request in the late step it
+    joined when the delay was lowered, and the rounds swung between two delays, MI300X 24 -> 66 ms;
+    `Repricer.predict` now shifts a busy engine's request instead.)"""
     info: dict[str, Any] = {}
     train, _ = split(pricers)
     fitted = fit(train, start, keys, info=info, **fit_kw)
