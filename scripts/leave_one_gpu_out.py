@@ -4,7 +4,8 @@
 
 For each SOURCE:TARGET pair the TARGET's rows (capacity/data/measurements/serving_vllm.csv) are
 simulated on the TARGET's own datasheet (peaks, HBM, scale-up, power) with every `efficiency` entry of
-the SOURCE's shipped profile (fitted values included, with its `kernels_per_dense_layer` and `gemm_call_us`) - what
+the SOURCE's shipped profile (fitted values included, with its `kernels_per_dense_layer`, `gemm_call_us` and, within
+a family, the bandwidth its expert efficiencies are fractions of) - what
 `family_transfer` does for a GPU without
 serving rows (hw_profiles/README.md). Within a family (H100 <-> H200, both Hopper) this is the
 out-of-sample error a user gets for a sibling GPU; across a generation (MI300X -> MI355X) it is the hard
@@ -22,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from capacity.fidelity import serving
-from capacity.inputs.hardware import load_gpu
+from capacity.inputs.hardware import family_of, load_gpu
 
 METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
 
@@ -63,6 +64,10 @@ def main() -> None:
         if src.kernels_per_dense_layer:   # a layer overhead fitted per dense layer's kernels needs its count
             overrides["kernels_per_dense_layer"] = src.kernels_per_dense_layer
         overrides["gemm_call_us"] = src.gemm_call_us   # so does the per-GEMM-call time they were fitted with (0: none)
+        # and, within a family (one die), the bandwidth its expert efficiencies are fractions of
+        # (GpuProfile.expert_stream_bw_tb_s); across a generation they stay fractions of the target's own HBM
+        if family_of(src.architecture) == family_of(load_gpu(target).architecture):
+            overrides["expert_stream_bandwidth_tb_s"] = src.expert_stream_bw_tb_s
         out = serving.run(gpus=[target], gpu_overrides=overrides, workers=args.workers,
                           max_rows=args.max_rows, progress=False).rows
         res = {"source": source, "target": target, "transferred": errors(out)}

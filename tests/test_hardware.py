@@ -81,6 +81,8 @@ def test_every_leaf_has_a_source_or_is_labelled_assumed(name):
         sibling = _raw(_raw(name)["family_transfer"]["from"])
         if "kernels_per_dense_layer" in sibling and "kernels_per_dense_layer" not in _raw(name):
             transferred.append("kernels_per_dense_layer")
+        if "expert_stream_bandwidth_tb_s" not in _raw(name):   # so does the bandwidth its expert efficiencies use
+            transferred.append("expert_stream_bandwidth_tb_s")
     assert sorted(profile.provenance) == sorted([key for key, _ in leaves] + transferred)
 
 
@@ -459,6 +461,17 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
     assert (gpu.peak_dense_tflops["bf16"], gpu.hbm_bandwidth_tb_s) == pytest.approx(PUBLISHED[name][:5:4], rel=1e-4)
     assert (gpu.peak_dense_tflops["bf16"], gpu.hbm_bandwidth_tb_s) != (sib.peak_dense_tflops["bf16"], sib.hbm_bandwidth_tb_s)
     assert gpu.board_power_w == PUBLISHED[name][6] != sib.board_power_w
+
+
+@pytest.mark.parametrize(("name", "sibling"), sorted(TRANSFERRED.items()))
+def test_a_transfer_keeps_the_siblings_expert_streaming_rate(name, sibling):
+    """Expert kernels stream at a rate the die sets, so the sibling's fitted `moe` stays a fraction of the
+    sibling's bandwidth (GpuProfile.expert_stream_bw_tb_s): MI325X's expert weights stream at MI300X's
+    5.3 TB/s x moe x hbm, not at its own 6.0 TB/s."""
+    gpu, sib = load_gpu(name), load_gpu(sibling)
+    assert gpu.expert_stream_bw_tb_s == sib.hbm_bandwidth_tb_s
+    assert gpu.provenance["expert_stream_bandwidth_tb_s"].basis.startswith(f"transferred from {sibling} (")
+    assert sib.expert_stream_bw_tb_s == sib.hbm_bandwidth_tb_s      # a fitted profile: its own HBM
 
 
 def test_mi350x_peaks_match_amds_rounded_figures():

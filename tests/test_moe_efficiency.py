@@ -43,3 +43,24 @@ def test_efficiency_key_by_weight_format():
     gpu = load_gpu("MI355X")
     assert [gpu.moe_efficiency_key(d) for d in ("int4", "AWQ", "w4a16", "mxfp4", "fp8", "bf16")] == \
         ["moe_int4", "moe_int4", "moe_int4", "moe", "moe", "moe"]
+
+
+def _decode_step_s(gpu, users: int, tp: int = 2) -> float:
+    cost = StepCostModel(gpu, load_model("openai/gpt-oss-120b"), tp)
+    return float(cost.step_time_s(np.ones(users), np.full(users, 1536)))
+
+
+@pytest.mark.parametrize("users", [4, 16, 64])
+def test_hopper_siblings_decode_moe_at_one_expert_rate(users):
+    """InferenceX's vLLM v0.18.0 rows (capacity/data/measurements/serving_vllm.csv): gpt-oss-120b at TP2, 1k
+    prompts, decodes at H100 / H200 TPOT 1.06, 1.04, 1.03 at 4, 16, 64 users, although H200 has 1.43x the HBM
+    bandwidth (dense Llama-3.3-70B FP8: 1.26-1.32). H200 priced with H100's efficiencies, as a family transfer
+    does, must keep that ratio below 1.12 (it gives 1.02-1.04); with the expert efficiency taken as a fraction
+    of H200's own HBM it was 1.15-1.33."""
+    h100 = load_gpu("H100")
+    transfer = load_gpu("H200").with_overrides(efficiency=dict(h100.efficiency),
+                                               expert_stream_bandwidth_tb_s=h100.hbm_bandwidth_tb_s)
+    ratio = _decode_step_s(h100, users) / _decode_step_s(transfer, users)
+    assert 1.0 <= ratio <= 1.12
+    as_own_hbm = load_gpu("H200").with_overrides(efficiency=dict(h100.efficiency))
+    assert _decode_step_s(h100, users) / _decode_step_s(as_own_hbm, users) > ratio

@@ -579,6 +579,7 @@ class StepCostModel:
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         self._kv_split = 1 if model.uses_mla else self.tp
+        self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer)
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
@@ -750,7 +751,10 @@ class StepCostModel:
             else:
                 ceiling, extra = self._expert_curve
                 flops_s = (m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
-            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * bw * moe_stream)
+            # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
+            # never faster than this GPU's own HBM
+            stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
+            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * stream)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)

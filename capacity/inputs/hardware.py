@@ -64,7 +64,8 @@ SCALAR_KEYS = (
     "cost_per_gpu_hour_usd",
 )
 
-OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer", "gemm_call_us", "hbm_runtime_gib")
+OPTIONAL_SCALAR_KEYS = ("scaleup_links_per_gpu", "kernels_per_dense_layer", "gemm_call_us", "hbm_runtime_gib",
+                        "expert_stream_bandwidth_tb_s")
 """Scalar keys a profile may leave out. `hbm_runtime_gib`: the device memory the runtime reports
 (`torch.cuda.mem_get_info()` total, which vLLM multiplies by gpu_memory_utilization), in GiB; absent: the
 vendor's `hbm_capacity_gb` read as 1e9 bytes (conservative). `scaleup_links_per_gpu`: the GPU's scale-up links in a full mesh (one
@@ -75,11 +76,14 @@ decoder layer launches (9, counted from vLLM's model code); with it `efficiency.
 time of a dense layer's kernels and a MoE layer counts by its own kernels (step_cost.layer_overhead_units).
 `gemm_call_us`: the fixed time of one GEMM kernel in a graph-replayed step beyond its roofline (the intercept of a
 serving-shape GEMM sweep, time = gemm_call_us + max(compute, weight bytes)); each of a step's GEMM calls
-(step_cost.gemm_calls) pays it; absent: 0."""
+(step_cost.gemm_calls) pays it; absent: 0. `expert_stream_bandwidth_tb_s`: the bandwidth the expert (MoE) kernels'
+weight-streaming efficiencies `moe` and `moe_int4` are fractions of; absent: the profile's own `hbm_bandwidth_tb_s`.
+A family transfer sets it to the sibling's, because those kernels stream at a rate set by the die, not by HBM
+(`expert_stream_bw_tb_s`)."""
 
 _SCALAR_ORDER = ("hbm_capacity_gb", "hbm_runtime_gib",
                  *SCALAR_KEYS[1:SCALAR_KEYS.index("scaleup_world_size") + 1], "scaleup_links_per_gpu",
-                 "kernels_per_dense_layer", "gemm_call_us", *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
+                 "kernels_per_dense_layer", "gemm_call_us", "expert_stream_bandwidth_tb_s", *SCALAR_KEYS[SCALAR_KEYS.index("scaleup_world_size") + 1:])
 """Every scalar key in the order of the YAML files (the optional ones beside the keys they qualify)."""
 
 OVERRIDE_BASIS = "override"
@@ -102,6 +106,7 @@ _EXPECTED_UNIT = {
     "scaleup_links_per_gpu": "links",
     "kernels_per_dense_layer": "kernels",
     "gemm_call_us": "us",
+    "expert_stream_bandwidth_tb_s": "TB/s",
     "hbm_runtime_gib": "GiB",
     "board_power_w": "W",
     "cost_per_gpu_hour_usd": "USD/GPU-hour",
@@ -197,6 +202,8 @@ class GpuProfile:
     kernels_per_dense_layer: int = 0
     gemm_call_us: float = 0.0
     """Fixed time of one GEMM kernel beyond its roofline, us (OPTIONAL_SCALAR_KEYS); 0: none."""
+    expert_stream_bandwidth_tb_s: float = 0.0
+    """Bandwidth the expert kernels' streaming efficiencies are fractions of (OPTIONAL_SCALAR_KEYS); 0: own HBM."""
     """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
     W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
@@ -220,6 +227,21 @@ class GpuProfile:
         """W_half (FLOPs) of the gemm curve for GEMMs on `dtype` weights; None: no curve for its compute dtype."""
         w = self.gemm_curve.get(self.compute_dtype(dtype))
         return None if w is None else w * 1e9
+
+    @property
+    def expert_stream_bw_tb_s(self) -> float:
+        """Bandwidth (TB/s) that `efficiency.moe` / `moe_int4` are fractions of for expert weight streaming:
+        the profile's own HBM bandwidth, or for a family transfer the sibling's (the step cost caps the
+        resulting rate at this GPU's own HBM bandwidth).
+
+        Why: vLLM's fused-MoE kernels at decode (a few tokens per expert) do not reach HBM bandwidth and
+        stream at a rate the die sets. Measured on Hopper (capacity/data/measurements/serving_vllm.csv,
+        InferenceX, vLLM v0.18.0, same model, TP, load): gpt-oss-120b decodes at H100 / H200 TPOT 1.01-1.06
+        over 27 matched rows at 1-8k prompts, 4-64 users and TP 2-8, where the dense Llama-3.3-70B FP8 shows
+        1.13-1.32 (HBM 4.8 / 3.35 = 1.43); MiniMax-M2.5 FP8 at TP4 is no faster on H200 (v0.16.0) than on
+        H100 (v0.18.0). So a sibling's fitted expert efficiency carries over as the same bytes per second,
+        not the same fraction of a different HBM (docs/seed_validation.md section 29)."""
+        return self.expert_stream_bandwidth_tb_s or self.hbm_bandwidth_tb_s
 
     def allreduce_bandwidth_gb_s(self, tensor_parallel_size: int) -> float:
         """Scale-up bandwidth (GB/s, one direction) one GPU of a t-GPU tensor-parallel group can use to reach
@@ -326,6 +348,7 @@ class GpuProfile:
             "scaleup_links_per_gpu": self.scaleup_links_per_gpu,
             "kernels_per_dense_layer": self.kernels_per_dense_layer,
             "gemm_call_us": self.gemm_call_us,
+            "expert_stream_bandwidth_tb_s": self.expert_stream_bw_tb_s,
             "hbm_runtime_gib": self.hbm_runtime_gib,
             "board_power_w": self.board_power_w,
             "cost_per_gpu_hour_usd": self.cost_per_gpu_hour_usd,
@@ -484,6 +507,7 @@ class _ProfileModel(BaseModel):
     scaleup_links_per_gpu: _LeafModel | None = None
     kernels_per_dense_layer: _LeafModel | None = None
     gemm_call_us: _LeafModel | None = None
+    expert_stream_bandwidth_tb_s: _LeafModel | None = None
     hbm_runtime_gib: _LeafModel | None = None
     board_power_w: _LeafModel
     cost_per_gpu_hour_usd: _LeafModel
@@ -611,6 +635,16 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
         if record is not None and key not in own:
             out[key] = Sourced(value=record.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({record.basis})",
                                source=f"{sibling.name} profile: {record.source}", unit=record.unit, note=record.note)
+    # and the bandwidth its expert efficiencies are fractions of: the expert kernels stream at a rate the die
+    # sets, so the same fraction of the sibling's bandwidth (GpuProfile.expert_stream_bw_tb_s)
+    if "expert_stream_bandwidth_tb_s" not in own:
+        bw = sibling.provenance.get("expert_stream_bandwidth_tb_s") or sibling.provenance["hbm_bandwidth_tb_s"]
+        out["expert_stream_bandwidth_tb_s"] = Sourced(
+            value=bw.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({bw.basis})",
+            source=f"{sibling.name} profile: {bw.source}", unit="TB/s",
+            note=f"{sibling.name}'s HBM bandwidth, which its fitted `moe` and `moe_int4` are fractions of: expert "
+                 "kernels at decode stream at a rate the die sets (H100 / H200 gpt-oss-120b TPOT 1.01-1.06 where "
+                 "HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
@@ -732,6 +766,8 @@ def _profile_from_provenance(
                                  if "kernels_per_dense_layer" in provenance else 0),
         hbm_runtime_gib=float(provenance["hbm_runtime_gib"].value) if "hbm_runtime_gib" in provenance else 0.0,
         gemm_call_us=float(provenance["gemm_call_us"].value) if "gemm_call_us" in provenance else 0.0,
+        expert_stream_bandwidth_tb_s=(float(provenance["expert_stream_bandwidth_tb_s"].value)
+                                      if "expert_stream_bandwidth_tb_s" in provenance else 0.0),
     )
 
 
