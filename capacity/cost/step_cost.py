@@ -169,17 +169,19 @@ MOE_BLOCK_ROWS = 0
 
 def expected_padded_expert_rows(num_experts: int, experts_per_token: int, num_tokens, block_rows: int):
     """Expected rows a layer's grouped expert GEMM multiplies when each expert's tokens are padded to a
-    multiple of `block_rows`: E · B · sum_j P(X_e >= jB + 1), X_e ~ Poisson(n k / E) the tokens routed to one
-    expert (uniform routing). n k without padding; B per touched expert as n -> 0."""
-    from scipy.special import gammainc   # P(X >= m) of a Poisson(lam) is the regularised gamma P(m, lam)
+    multiple of `block_rows` B: E · B · sum_j P(X >= jB + 1), X ~ Binomial(n, k / E) the tokens routed to one
+    expert (uniform routing; P(X >= m) is the regularised incomplete beta I_p(m, n - m + 1)). n k without
+    padding; B per touched expert as n -> 0."""
+    from scipy.special import betainc
 
-    lam = np.maximum(np.asarray(num_tokens, dtype=float), 0.0) * experts_per_token / num_experts
-    top = float(np.max(lam)) if lam.size else 0.0
-    blocks = int((top + 8.0 * np.sqrt(top) + 8.0) // block_rows) + 1
+    n = np.maximum(np.asarray(num_tokens, dtype=float), 0.0)
+    p = experts_per_token / num_experts
+    blocks = int(float(np.max(n)) if n.size else 0.0) // block_rows + 1
     m = np.arange(blocks, dtype=float) * block_rows + 1.0
-    p = gammainc(m, lam[..., None]) if lam.ndim else gammainc(m, lam)
-    rows = num_experts * block_rows * p.sum(axis=-1)
-    return rows if lam.ndim else float(rows)
+    nn = n[..., None] if n.ndim else n
+    tail = np.where(m <= nn, betainc(m, np.maximum(nn - m + 1.0, 1e-300), p), 0.0)
+    rows = num_experts * block_rows * tail.sum(axis=-1)
+    return rows if n.ndim else float(rows)
 
 
 def expected_max_std_normal(m: int) -> float:
