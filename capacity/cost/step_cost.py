@@ -176,7 +176,10 @@ def expected_padded_expert_rows(num_experts: int, experts_per_token: int, num_to
 
     n = np.maximum(np.asarray(num_tokens, dtype=float), 0.0)
     p = experts_per_token / num_experts
-    blocks = int(float(np.max(n)) if n.size else 0.0) // block_rows + 1
+    top = float(np.max(n)) if n.size else 0.0
+    # blocks past mean + 12 sd of the busiest expert's load add nothing (below 1e-30)
+    reach = min(top, top * p + 12.0 * np.sqrt(top * p) + 12.0)
+    blocks = int(reach) // block_rows + 1
     m = np.arange(blocks, dtype=float) * block_rows + 1.0
     nn = n[..., None] if n.ndim else n
     tail = np.where(m <= nn, betainc(m, np.maximum(nn - m + 1.0, 1e-300), p), 0.0)
