@@ -236,10 +236,10 @@ class GpuProfile:
 
         Why: vLLM's fused-MoE kernels at decode (a few tokens per expert) do not reach HBM bandwidth and
         stream at a rate the die sets. Measured on Hopper (capacity/data/measurements/serving_vllm.csv,
-        InferenceX, vLLM v0.18.0, same model, TP, load): gpt-oss-120b decodes at H100 / H200 TPOT 1.01-1.06
-        over 27 matched rows at 1-8k prompts, 4-64 users and TP 2-8, where the dense Llama-3.3-70B FP8 shows
-        1.13-1.32 (HBM 4.8 / 3.35 = 1.43); MiniMax-M2.5 FP8 at TP4 is no faster on H200 (v0.16.0) than on
-        H100 (v0.18.0). So a sibling's fitted expert efficiency carries over as the same bytes per second,
+        InferenceX, same model, TP, load): gpt-oss-120b (vLLM v0.18.0) decodes at H100 / H200 TPOT 1.01-1.06 in
+        24 of 28 matched rows at 1-8k prompts, 4-64 users and TP 2-8 (1.13-1.76 in four at 1k), where the dense
+        Llama-3.3-70B FP8 shows 1.12-1.32 (HBM 4.8 / 3.35 = 1.43); MiniMax-M2.5 FP8 at TP4 is no faster on H200
+        (v0.16.0) than on H100 (v0.18.0). So a sibling's fitted expert efficiency carries over as the same bytes per second,
         not the same fraction of a different HBM (docs/seed_validation.md section 29)."""
         return self.expert_stream_bandwidth_tb_s or self.hbm_bandwidth_tb_s
 
@@ -643,8 +643,8 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
             value=bw.value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({bw.basis})",
             source=f"{sibling.name} profile: {bw.source}", unit="TB/s",
             note=f"{sibling.name}'s HBM bandwidth, which its fitted `moe` and `moe_int4` are fractions of: expert "
-                 "kernels at decode stream at a rate the die sets (H100 / H200 gpt-oss-120b TPOT 1.01-1.06 where "
-                 "HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
+                 "kernels at decode stream at a rate the die sets (H100 / H200 gpt-oss-120b TPOT 1.01-1.06 in 24 of 28 "
+                 "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
         value, note = old.value, " ".join(transfer.reason.split())
