@@ -64,24 +64,3 @@ def test_hopper_siblings_decode_moe_at_one_expert_rate(users):
     assert 1.0 <= ratio <= 1.12
     as_own_hbm = load_gpu("H200").with_overrides(efficiency=dict(h100.efficiency))
     assert _decode_step_s(h100, users) / _decode_step_s(as_own_hbm, users) > ratio
-
-
-@pytest.mark.parametrize(("experts", "top_k", "block"), [(128, 4, 32), (384, 8, 16), (32, 8, 64)])
-def test_padded_expert_rows_by_enumeration_and_by_simulated_routing(experts, top_k, block):
-    """Rows a grouped expert GEMM multiplies when each expert's tokens are padded to whole blocks: against the
-    sum over a Binomial(n, k / E) expert load, and against routing simulated token by token (k distinct
-    experts each, 150 draws)."""
-    from scipy.stats import binom
-
-    from capacity.cost.step_cost import expected_padded_expert_rows
-
-    rng = np.random.default_rng(7)
-    for n in (1, 3, 40, 300):
-        x = np.arange(n + 1)
-        exact = experts * block * float(np.sum(np.ceil(x / block) * binom.pmf(x, n, top_k / experts)))
-        assert expected_padded_expert_rows(experts, top_k, n, block) == pytest.approx(exact, rel=1e-9)
-        draws = [np.ceil(np.bincount(np.concatenate([rng.choice(experts, top_k, replace=False) for _ in range(n)]),
-                                     minlength=experts) / block).sum() * block for _ in range(150)]
-        assert expected_padded_expert_rows(experts, top_k, n, block) == pytest.approx(np.mean(draws), rel=0.04)
-    assert expected_padded_expert_rows(experts, top_k, np.array([1.0, 700.0]), block)[1] == pytest.approx(
-        expected_padded_expert_rows(experts, top_k, 700, block), rel=1e-12)

@@ -160,33 +160,6 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
 
 
-# Rows per block of vLLM's grouped expert GEMMs: each expert's tokens are padded to a multiple of it
-# (moe_align_block_size / AITER moe_sorting, AITER's default BLOCK_SIZE_M = 32), and the padded rows are
-# multiplied like real ones. 0: no padding (the expert FLOPs of the routed tokens only). A screening switch
-# (scripts/screen_cost_terms.py), off by default: docs/seed_validation.md section 29.
-MOE_BLOCK_ROWS = 0
-
-
-def expected_padded_expert_rows(num_experts: int, experts_per_token: int, num_tokens, block_rows: int):
-    """Expected rows a layer's grouped expert GEMM multiplies when each expert's tokens are padded to a
-    multiple of `block_rows` B: E · B · sum_j P(X >= jB + 1), X ~ Binomial(n, k / E) the tokens routed to one
-    expert (uniform routing; P(X >= m) is the regularised incomplete beta I_p(m, n - m + 1)). n k without
-    padding; B per touched expert as n -> 0."""
-    from scipy.special import betainc
-
-    n = np.maximum(np.asarray(num_tokens, dtype=float), 0.0)
-    p = experts_per_token / num_experts
-    top = float(np.max(n)) if n.size else 0.0
-    # blocks past mean + 12 sd of the busiest expert's load add nothing (below 1e-30)
-    reach = min(top, top * p + 12.0 * np.sqrt(top * p) + 12.0)
-    blocks = int(reach) // block_rows + 1
-    m = np.arange(blocks, dtype=float) * block_rows + 1.0
-    nn = n[..., None] if n.ndim else n
-    tail = np.where(m <= nn, betainc(m, np.maximum(nn - m + 1.0, 1e-300), p), 0.0)
-    rows = num_experts * block_rows * tail.sum(axis=-1)
-    return rows if n.ndim else float(rows)
-
-
 def expected_max_std_normal(m: int) -> float:
     """E[max of m independent standard normals] (0 for m = 1): ∫ x · m φ(x) Φ(x)^(m−1) dx."""
     if m <= 1:
@@ -773,15 +746,11 @@ class StepCostModel:
             # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
             moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
-            rows = n_tok
-            if MOE_BLOCK_ROWS:   # tokens padded per expert to whole blocks (MOE_BLOCK_ROWS), in token units
-                rows = expected_padded_expert_rows(m.num_experts, m.experts_per_token, n_tok,
-                                                   MOE_BLOCK_ROWS) / m.experts_per_token
             if self._expert_curve is None:
-                flops_s = m.expert_flops_per_token * rows / (tp * self._peak_expert * eff["gemm"] * moe)
+                flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
             else:
                 ceiling, extra = self._expert_curve
-                flops_s = (m.expert_flops_per_token * rows / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
+                flops_s = (m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
             # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
             # never faster than this GPU's own HBM
             stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
