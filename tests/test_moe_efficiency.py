@@ -54,7 +54,7 @@ def _decode_step_s(gpu, users: int, tp: int = 2) -> float:
 def test_hopper_siblings_decode_moe_at_one_expert_rate(users):
     """InferenceX's vLLM v0.18.0 rows (capacity/data/measurements/serving_vllm.csv): gpt-oss-120b at TP2, 1k
     prompts, decodes at H100 / H200 TPOT 1.06, 1.04, 1.03 at 4, 16, 64 users (v0.18.0), although H200 has 1.43x the HBM
-    bandwidth (dense Llama-3.3-70B FP8: 1.26-1.32). H200 priced with H100's efficiencies, as a family transfer
+    bandwidth (dense Llama-3.3-70B FP8 at TP2, 1k: 1.17-1.32). H200 priced with H100's efficiencies, as a family transfer
     does, must keep that ratio below 1.12 (it gives 1.02-1.04); with the expert efficiency taken as a fraction
     of H200's own HBM it was 1.15-1.33."""
     h100 = load_gpu("H100")

@@ -239,8 +239,9 @@ class GpuProfile:
         InferenceX, same model, TP, load): gpt-oss-120b (vLLM v0.18.0) decodes at H100 / H200 TPOT 1.01-1.06 in
         24 of 28 matched rows at 1-8k prompts, 4-64 users and TP 2-8 (1.13-1.76 in four at 1k), where the dense
         Llama-3.3-70B FP8 shows 1.12-1.32 (one saturated row aside; HBM 4.8 / 3.35 = 1.43); MiniMax-M2.5 FP8 at TP4
-        is no faster on H200 (v0.16.0) than on H100 (v0.18.0) in 9 of 10 matched rows. So a sibling's fitted expert efficiency carries over as the same bytes per second,
-        not the same fraction of a different HBM (docs/seed_validation.md section 29)."""
+        is no faster on H200 (v0.16.0) than on H100 (v0.18.0) in 9 of 10 matched rows. So a sibling's fitted expert
+        efficiency carries over as the same bytes per second, not the same fraction of a different HBM
+        (docs/seed_validation.md section 29)."""
         return self.expert_stream_bandwidth_tb_s or self.hbm_bandwidth_tb_s
 
     def allreduce_bandwidth_gb_s(self, tensor_parallel_size: int) -> float:
