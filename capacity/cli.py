@@ -168,7 +168,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
                            rounds=args.rounds, workers=args.workers, cross_validate=not args.no_cross_validation,
                            hold=tuple(args.hold),
-                           **({} if args.prior_weight is None else {"prior_weight": args.prior_weight}))
+                           **({} if not args.prior_weight
+                              else {"prior_weight": calibrate.parse_prior_weight(args.prior_weight)}))
     if args.json:
         print_json(result.to_json())
     else:
@@ -277,9 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rounds", type=int, default=None,
                    help="re-record the schedules at the fitted values and refit this many times in all "
                         "(default: 2 with a request delay or open-loop runs, else 1)")
-    c.add_argument("--prior-weight", type=float, default=None, metavar="W",
+    c.add_argument("--prior-weight", action="append", default=[], metavar="[KEY=]W",
                    help="pull of the fraction efficiencies toward the profile's microbenchmark ratios "
-                        "(default: calibrate.PRIOR_WEIGHT; 0 fits the runs alone)")
+                        "(default: calibrate.PRIOR_WEIGHT; 0 fits the runs alone); KEY=W sets one anchor's "
+                        "(gemm, hbm, attention, allreduce; repeatable)")
     c.add_argument("--workers", type=int, default=2)
     c.add_argument("--out", help="write the fitted profile YAML here (nothing is written without it); with "
                                  "spec-decode metrics also OUT.acceptance.yaml")

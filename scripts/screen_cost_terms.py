@@ -89,7 +89,7 @@ def _constant(text: str, kind: type):
     return kind(text)
 
 
-def screen(recs, profile_ref: str, prior_weight: float) -> dict:
+def screen(recs, profile_ref: str, prior_weight) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
     set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards."""
     profile_ref, *sets = profile_ref.split(";")
@@ -105,7 +105,7 @@ def screen(recs, profile_ref: str, prior_weight: float) -> dict:
             setattr(step_cost, attr, value)
 
 
-def _screen(recs, profile_ref: str, prior_weight: float) -> dict:
+def _screen(recs, profile_ref: str, prior_weight) -> dict:
     profile = load_gpu(profile_ref)
     pricers = [cal.Repricer(r, profile) for r in recs]
     start = dict(profile.efficiency)
@@ -141,14 +141,15 @@ def main() -> None:
     ap.add_argument("--cache", default=".screen_cache")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--max-rows", type=int)
-    ap.add_argument("--prior-weight", type=float, default=cal.PRIOR_WEIGHT)
+    ap.add_argument("--prior-weight", action="append", default=[], metavar="[KEY=]W",
+                    help="as `capacity calibrate --prior-weight` (W, or KEY=W per anchor; repeatable)")
     ap.add_argument("--json")
     args = ap.parse_args()
     recs = records(args.gpu, Path(args.cache), args.workers, args.max_rows)
     variants = ([] if args.no_shipped else [("shipped", args.gpu)]) + [tuple(v.split("=", 1)) for v in args.variant]
     results = []
     for name, ref in variants:
-        r = screen(recs, ref, args.prior_weight)
+        r = screen(recs, ref, cal.parse_prior_weight(args.prior_weight))
         r["name"] = name
         results.append(r)
         print(f"{name:24} LOMO {fmt(r['lomo'])} | LOTPO {fmt(r['lotpo'])} | fitted {fmt(r['fit'])}", flush=True)

@@ -264,6 +264,9 @@ def test_scenario_values(capsys, sets, word):
     (["validate", "--tp", "0", str(RESULT)], "--tp 0"),
     (["calibrate", "--gpu", "MI300X", "--rounds", "0"], "--rounds 0"),
     (["calibrate", "--gpu", "MI300X", "--prior-weight", "nan"], "--prior-weight"),
+    (["calibrate", "--gpu", "MI300X", "--prior-weight", "gemma=10"], "--prior-weight gemma"),
+    (["calibrate", "--gpu", "MI300X", "--prior-weight", "gemm=ten"], "--prior-weight gemm=ten"),
+    (["calibrate", "--gpu", "MI300X", "--prior-weight", "gemm=-1"], "--prior-weight -1"),
     (["calibrate", "--gpu", "MI300X", "--holdout", "nan"], "--holdout"),
     (["calibrate", "--gpu", "MI300X", "--hold", "gemma"], "--hold gemma"),
 ])

@@ -151,3 +151,12 @@ def test_prior_pulls_toward_the_microbenchmark_anchor_only_as_much_as_its_weight
     assert anchors["hbm"] == pytest.approx(4.09 / 5.3, abs=1e-4)           # STREAM / spec bandwidth
     r = calibrate._prior_residuals(np.array([0.3, 0.9]), ("gemm", "request_overhead_ms"), anchors, 3.0)
     assert r.tolist() == pytest.approx([3.0 * math.log(0.3 / anchors["gemm"])])
+    # one weight per anchor: `--prior-weight gemm=10` weighs gemm 10 and leaves the others at the default
+    weights = calibrate.parse_prior_weight(["gemm=10"])
+    assert weights == {"gemm": 10.0, "hbm": calibrate.PRIOR_WEIGHT, "attention": calibrate.PRIOR_WEIGHT,
+                       "allreduce": calibrate.PRIOR_WEIGHT}
+    assert calibrate.parse_prior_weight(["0", "gemm=10"])["allreduce"] == 0.0
+    assert calibrate.parse_prior_weight(["5"]) == 5.0
+    r = calibrate._prior_residuals(np.array([0.3, 0.5]), ("gemm", "allreduce"), anchors, weights)
+    assert r.tolist() == pytest.approx([10.0 * math.log(0.3 / anchors["gemm"]),
+                                        calibrate.PRIOR_WEIGHT * math.log(0.5 / anchors["allreduce"])])

@@ -40,7 +40,7 @@ def test_recipe_keys_are_scenario_keys(rows):
         if sc is None:
             continue
         scenario_mod.from_dict(sc)
-        for key, value in (entry.get("set") or {}).items():
+        for key, value in {**(entry.get("set") or {}), **(entry.get("inferred") or {})}.items():
             section, field = key.split(".", 1)
             if key == "engine.max_num_seqs" and value == "concurrency":   # --max-num-seqs $CONC
                 value = sc["traffic"]["arrival"]["concurrency"]
@@ -57,7 +57,9 @@ def test_inferencex_llama_70b_ran_an_fp8_kv_cache_and_mi300x_a_131k_token_budget
     # the script exports VLLM_ROCM_QUICK_REDUCE_QUANTIZATION=INT4; the H100 one has no such thing
     assert mi["engine"]["quick_reduce_quantization"] == "int4"
     assert scenario_mod.from_dict(h100).engine.quick_reduce_quantization == "none"
-    assert h100["deployment"]["kv_cache_dtype"] == "fp8"
+    entry = next(e for e in serve_recipes() if e["match"].get("gpu") == "H100"
+                 and e["match"].get("model", "").startswith("Llama-3.3-70B"))
+    assert entry["set"]["deployment.kv_cache_dtype"] == "fp8"            # the script's config.yaml
     assert scenario_mod.from_dict(h100).engine.max_num_batched_tokens == 8192
     # an fp8 KV cache holds one byte per value (vLLM --kv-cache-dtype fp8): half of bf16's
     name = mi["deployment"]["model"]
@@ -167,3 +169,37 @@ def test_mi355x_quark_mxfp4_series_run_on_the_matrix_cores_their_activations_nam
     assert expert_compute("gpt-oss-120b", "fp4", "vllm/vllm-openai-rocm:v0.17.0") == "fp8"
     assert expert_compute("gpt-oss-120b", "fp4", "") == "bf16"
     assert expert_compute("Kimi-K2.5", "int4") == "bf16"
+
+
+def _decoding_at_once(row) -> float:
+    """Little's law on the decode phase: output tokens per second x seconds per output token."""
+    return float(row["output_tok_s_per_gpu"]) * float(row["tp"]) * float(row["tpot_ms"]) / 1000.0
+
+
+def test_h100_llama_rows_queue_as_a_bf16_kv_cache_does_and_h200s_as_fp8(rows):
+    """The `inferred` KV dtype of the H100 Llama-3.3-70B series rests on capacity, not on a fit: at TP2,
+    8k/1k and 64 users the measured requests decoding at once (Little's law) match what a bf16 cache of
+    the simulator's size holds, not an fp8 one; H200's TP1 rows of the same script, image and checkpoint
+    match fp8 (the control). The capacities come from the simulator's memory model (deploy), the
+    in-flight counts from the measured rates."""
+    from capacity.inputs.scenario import from_dict
+    from capacity.sim.simulate import deploy
+
+    sel = rows[(rows.source_id == "inferencex_api_snapshot_2026-05-09") & rows.model.str.startswith("Llama-3.3-70B")
+               & (pd.to_numeric(rows.isl) == 8192) & (pd.to_numeric(rows.osl) == 1024)
+               & (pd.to_numeric(rows.concurrency_or_qps, errors="coerce") == 64)]
+
+    def holds(row, kv_dtype) -> float:
+        sc = row_scenario(row)[0]
+        sc["deployment"]["kv_cache_dtype"] = kv_dtype
+        return deploy(from_dict(sc)).memory["kv_cache_tokens"] / (8192 + 1024 / 2)
+
+    tp = pd.to_numeric(sel.tp)
+    h100 = sel[(sel.gpu == "H100") & (tp == 2)].iloc[0].to_dict()
+    assert holds(h100, "bf16") == pytest.approx(_decoding_at_once(h100), rel=0.15)      # 27.1 vs 27.9
+    assert _decoding_at_once(h100) < 0.6 * holds(h100, "fp8")                          # 54
+    h200 = sel[(sel.gpu == "H200") & (tp == 1)].iloc[0].to_dict()
+    assert holds(h200, "fp8") == pytest.approx(_decoding_at_once(h200), rel=0.15)      # 42.8 vs 45.4
+    assert _decoding_at_once(h200) > 1.6 * holds(h200, "bf16")
+    assert row_scenario(h100)[0]["deployment"]["kv_cache_dtype"] == "bf16"
+    assert row_scenario(h200)[0]["deployment"]["kv_cache_dtype"] == "fp8"

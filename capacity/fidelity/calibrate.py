@@ -36,6 +36,7 @@ import json
 import math
 import re
 from bisect import bisect_right
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -345,13 +346,61 @@ def _fit_residuals(x, keys, base, pricers, metrics, prior, prior_weight) -> np.n
     return np.concatenate([r, _prior_residuals(x, keys, prior, prior_weight)]) if prior else r
 
 
+def prior_weights(weight: float | Mapping[str, float]) -> dict[str, float]:
+    """Each PRIOR_KEYS efficiency's prior weight: one number for all, or a mapping (keys it omits get
+    PRIOR_WEIGHT). Raises CapacityError on a key that has no prior or a weight that is not >= 0."""
+    if isinstance(weight, Mapping):
+        unknown = [k for k in weight if k not in PRIOR_KEYS]
+        if unknown:
+            raise CapacityError(f"--prior-weight {unknown[0]}=...: no microbenchmark prior on it; "
+                                f"use one of {', '.join(PRIOR_KEYS)}")
+        out = {k: weight.get(k, PRIOR_WEIGHT) for k in PRIOR_KEYS}
+    else:
+        out = dict.fromkeys(PRIOR_KEYS, weight)
+    for k, w in out.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            raise CapacityError(f"--prior-weight {w}: give a finite number >= 0 (0: no prior), "
+                                f"or KEY=W for one of {', '.join(PRIOR_KEYS)}")
+    return {k: float(w) for k, w in out.items()}
+
+
+def parse_prior_weight(texts: list[str]) -> float | dict[str, float]:
+    """`--prior-weight` arguments: `W` (every anchor) or `KEY=W` (one anchor; repeatable, the others keep
+    a plain `W` if one is given, else PRIOR_WEIGHT)."""
+    base, per_key = PRIOR_WEIGHT, {}
+    for text in texts:
+        key, _, value = text.rpartition("=")
+        try:
+            w = float(value)
+        except ValueError:
+            raise CapacityError(f"--prior-weight {text}: give a number W or KEY=W, e.g. --prior-weight gemm=10") from None
+        if key:
+            per_key[key.strip()] = w
+        else:
+            base = w
+    if not per_key:
+        return base
+    unknown = [k for k in per_key if k not in PRIOR_KEYS]
+    if unknown:
+        raise CapacityError(f"--prior-weight {unknown[0]}=...: no microbenchmark prior on it; "
+                            f"use one of {', '.join(PRIOR_KEYS)}")
+    return {k: per_key.get(k, base) for k in PRIOR_KEYS}
+
+
+def _active_prior(prior, prior_weight) -> dict[str, float] | None:
+    """The anchors whose weight is above 0 (None: no prior residuals at all)."""
+    w = prior_weights(prior_weight)
+    active = {k: v for k, v in (prior or {}).items() if w.get(k, 0.0) > 0}
+    return active or None
+
+
 def simulated_cost(pricers: list[Repricer], eff: dict[str, float], keys: tuple[str, ...],
                    metrics: tuple[str, ...] = FIT_METRICS, prior: dict[str, float] | None = None,
-                   prior_weight: float = PRIOR_WEIGHT) -> float:
+                   prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT) -> float:
     """The objective `fit` minimises (soft-L1 of the log errors plus the prior), at `eff`;
     a full simulation's value when `pricers` were recorded at `eff`."""
     x = np.array([eff[k] for k in keys])
-    r = _fit_residuals(x, tuple(keys), eff, pricers, metrics, prior if prior_weight > 0 else None, prior_weight)
+    r = _fit_residuals(x, tuple(keys), eff, pricers, metrics, _active_prior(prior, prior_weight), prior_weight)
     z = (r / F_SCALE) ** 2      # scipy's soft_l1: rho(z) = 2 (sqrt(1 + z) - 1), cost = 0.5 f^2 sum rho
     return float(0.5 * F_SCALE ** 2 * np.sum(2.0 * (np.sqrt(1.0 + z) - 1.0)))
 
@@ -413,13 +462,15 @@ def prior_efficiencies(profile: GpuProfile) -> dict[str, float]:
     return {k: v for k, v in out.items() if v > 0}
 
 
-def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, float], weight: float) -> np.ndarray:
-    return np.asarray([weight * math.log(max(v, 1e-12) / prior[k]) for k, v in zip(keys, x) if k in prior])
+def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, float],
+                     weight: float | Mapping[str, float]) -> np.ndarray:
+    w = prior_weights(weight)
+    return np.asarray([w[k] * math.log(max(v, 1e-12) / prior[k]) for k, v in zip(keys, x) if k in prior])
 
 
 def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS,
         metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None,
-        prior: dict[str, float] | None = None, prior_weight: float = PRIOR_WEIGHT,
+        prior: dict[str, float] | None = None, prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT,
         neutral_start: bool = True) -> dict[str, float]:
     """Least squares on log errors of throughput, TTFT and TPOT (robust soft-L1 loss), plus the weak
     prior toward the microbenchmark anchors `prior` (PRIOR_WEIGHT; none when `prior` is empty or the
@@ -434,7 +485,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     for origin in (start, NEUTRAL_START) if neutral_start else (start,):
         x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
         sol = least_squares(_fit_residuals, x0, bounds=(lo, hi),
-                            args=(keys, start, pricers, metrics, prior if prior_weight > 0 else None, prior_weight),
+                            args=(keys, start, pricers, metrics, _active_prior(prior, prior_weight), prior_weight),
                             loss="soft_l1", f_scale=F_SCALE, x_scale=np.maximum(x0, 1e-2))
         if best is None or sol.cost < best.cost:
             best = sol
@@ -580,13 +631,14 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None,
         tp: int | None = None, model: str | None = None, sets: list[str] | None = None,
         rounds: int | None = None, keys: tuple[str, ...] | None = None,
-        prior_weight: float = PRIOR_WEIGHT, hold: tuple[str, ...] = ()) -> CalibrationResult:
+        prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT, hold: tuple[str, ...] = ()) -> CalibrationResult:
     """Fit `gpu`'s efficiency parameters to measured serving runs (any format `readers` knows).
 
     `tp`, `model`, `sets` (column=value) fill what vLLM result files do not state. `rounds` (default: 2
     when a row has a request delay to fit or runs open loop, else 1) re-records the schedules at the
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
-    `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none).
+    `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none): one
+    number for every anchor or a mapping per PRIOR_KEYS efficiency (`prior_weights`).
     `hold` keeps these parameters at the profile's values (an ablation: the fit without one term).
     """
     unknown = [k for k in hold if k not in FITTED_KEYS]
@@ -598,8 +650,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         raise CapacityError(f"--workers {workers}: give a whole number >= 1")
     if max_rows is not None and (isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1):
         raise CapacityError(f"max_rows {max_rows}: give a whole number >= 1")
-    if not (isinstance(prior_weight, (int, float)) and math.isfinite(prior_weight) and prior_weight >= 0):
-        raise CapacityError(f"--prior-weight {prior_weight}: give a finite number >= 0 (0: no prior)")
+    weights = prior_weights(prior_weight)
     profile = load_gpu(gpu)
     if not 0.0 <= holdout < 1.0:
         raise CapacityError(f"--holdout {holdout}: give a fraction in [0, 1), e.g. 0.25")
@@ -634,7 +685,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     if rounds is None:
         rounds = 2 if (has_request_delay(start) or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
-    fit_kw = {"prior": prior, "prior_weight": prior_weight}
+    fit_kw = {"prior": prior, "prior_weight": weights}
     fitted, fitted_on_pricers, pricers, info = _fit_in_rounds(result, pricers, split, start, keys, rounds, fit_kw,
                                                               recorder)
     result.fitted, result.rows_used = fitted, len(split(pricers)[0])
@@ -648,13 +699,21 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     train_rows = pd.DataFrame([p.rec.row for p in train])
     result.fitted_on = (f"capacity calibrate on {len(train)} rows ({_describe_sources(train_rows, paths)}), "
                         f"fitted {', '.join(keys)}"
-                        + (f" with prior weight {prior_weight:g} toward the microbenchmark anchors" if prior and prior_weight > 0 else "")
+                        + (f" with prior weight {_describe_weights(weights)} toward the microbenchmark anchors"
+                           if _active_prior(prior, weights) else "")
                         + f", {date.today()}")
     if out:
         save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on)
         result.out = out
     _write_acceptance(result, meas.acceptance, out)
     return result
+
+
+def _describe_weights(weights: dict[str, float]) -> str:
+    """'3' when every anchor has the same weight, else 'gemm 10, hbm 3, ...'."""
+    if len(set(weights.values())) == 1:
+        return f"{next(iter(weights.values())):g}"
+    return ", ".join(f"{k} {w:g}" for k, w in weights.items())
 
 
 # ---------------------------------------------------------------------------------------- run's steps

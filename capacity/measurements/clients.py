@@ -117,8 +117,9 @@ def recipe_matches(match: dict[str, Any], row: dict[str, Any]) -> bool:
 
 def serve_recipe(row: dict[str, Any]) -> dict[str, Any]:
     """The scenario keys (dotted) the row's series was served with beyond the defaults: `set` of the
-    first serve_recipes.yaml entry that `recipe_matches` the row ({} if none does)."""
+    first serve_recipes.yaml entry that `recipe_matches` the row, then its `inferred` keys (what the
+    rows' own behaviour shows where it contradicts the script; {} if no entry matches)."""
     for entry in serve_recipes():
         if recipe_matches(entry.get("match") or {}, row):
-            return dict(entry.get("set") or {})
+            return {**(entry.get("set") or {}), **(entry.get("inferred") or {})}
     return {}
