@@ -1,0 +1,55 @@
+"""Check each closed-loop serving row's measured load against the KV capacity the simulator gives it.
+
+    python scripts/check_in_flight.py [GPU ...]      (default: every GPU with serving rows)
+
+Little's law on the decode phase: output tok/s x TPOT is how many requests were decoding at once. That
+count depends on no fitted efficiency. The simulator's memory model (`capacity.sim.simulate.deploy`)
+says how many requests of the row's mean context (prompt + half the output) its KV cache holds. A row
+whose count is well under both its users and that capacity was limited by something the scenario does
+not say: a KV cache of another dtype than the script states, or a cap outside the engine
+(docs/seed_validation.md section 30). Prints every row at 16 or more users, flagging ratios under
+--flag-below. Run by hand (seconds); not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import pandas as pd
+
+from capacity.inputs.scenario import from_dict
+from capacity.measurements.row_scenario import row_scenario
+from capacity.measurements.schemas import read_measurements
+from capacity.paths import data_dir
+from capacity.sim.simulate import deploy
+
+NUMERIC = ("concurrency_or_qps", "isl", "osl", "tp", "tpot_ms", "ttft_ms", "output_tok_s_per_gpu")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gpus", nargs="*")
+    ap.add_argument("--flag-below", type=float, default=0.8)
+    ap.add_argument("--min-users", type=float, default=16)
+    args = ap.parse_args()
+    rows = read_measurements(data_dir() / "measurements" / "serving_vllm.csv")
+    for c in NUMERIC:
+        rows[c] = pd.to_numeric(rows[c], errors="coerce")
+    if args.gpus:
+        rows = rows[rows.gpu.isin(args.gpus)]
+    rows = rows[rows.concurrency_or_qps >= args.min_users]
+    for _, r in rows.iterrows():
+        sc, _ = row_scenario(r.to_dict())
+        decoding = r.output_tok_s_per_gpu * r.tp * r.tpot_ms / 1000
+        if sc is None or not decoding == decoding:
+            continue
+        holds = deploy(from_dict(sc)).memory["kv_cache_tokens"] / (r.isl + r.osl / 2)
+        ratio = decoding / min(r.concurrency_or_qps, holds)
+        print(f"{r.gpu:7} {r.model[:24]:24} {str(r.framework_version)[-8:]:8} TP{int(r.tp)} {int(r.isl)}/{int(r.osl)} "
+              f"{int(r.concurrency_or_qps):4d} users: TTFT {r.ttft_ms:9.0f} ms, decoding {decoding:6.1f}, "
+              f"KV holds {holds:7.1f} ({sc['deployment'].get('kv_cache_dtype', 'auto')}), ratio {ratio:.2f}"
+              + ("  <<" if ratio < args.flag_below else ""))
+
+
+if __name__ == "__main__":
+    main()
