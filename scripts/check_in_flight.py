@@ -8,7 +8,8 @@ says how many requests of the row's mean context (prompt + half the output) its 
 whose count is well under both its users and that capacity was limited by something the scenario does
 not say: a KV cache of another dtype than the script states, or a cap outside the engine
 (docs/seed_validation.md section 30). Prints every row at 16 or more users, flagging ratios under
---flag-below. Run by hand (seconds); not part of the tests.
+--flag-below (`capacity calibrate` warns about the same rows, from the lengths it drew). Run by hand
+(seconds); not part of the tests.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ import argparse
 
 import pandas as pd
 
-from capacity.inputs.scenario import from_dict
+from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, decoding_at_once, kv_holds_requests
 from capacity.measurements.row_scenario import row_scenario
 from capacity.measurements.schemas import read_measurements
 from capacity.paths import data_dir
-from capacity.sim.simulate import deploy
 
 NUMERIC = ("concurrency_or_qps", "isl", "osl", "tp", "tpot_ms", "ttft_ms", "output_tok_s_per_gpu")
 
@@ -29,7 +29,7 @@ NUMERIC = ("concurrency_or_qps", "isl", "osl", "tp", "tpot_ms", "ttft_ms", "outp
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("gpus", nargs="*")
-    ap.add_argument("--flag-below", type=float, default=0.8)
+    ap.add_argument("--flag-below", type=float, default=IN_FLIGHT_SHORTFALL)
     ap.add_argument("--min-users", type=float, default=16)
     args = ap.parse_args()
     rows = read_measurements(data_dir() / "measurements" / "serving_vllm.csv")
@@ -40,10 +40,10 @@ def main() -> None:
     rows = rows[rows.concurrency_or_qps >= args.min_users]
     for _, r in rows.iterrows():
         sc, _ = row_scenario(r.to_dict())
-        decoding = r.output_tok_s_per_gpu * r.tp * r.tpot_ms / 1000
+        decoding = decoding_at_once(r.to_dict(), r.tp)
         if sc is None or not decoding == decoding:
             continue
-        holds = deploy(from_dict(sc)).memory["kv_cache_tokens"] / (r.isl + r.osl / 2)
+        holds = kv_holds_requests(sc, r.isl + r.osl / 2)
         ratio = decoding / min(r.concurrency_or_qps, holds)
         print(f"{r.gpu:7} {r.model[:24]:24} {str(r.framework_version)[-8:]:8} TP{int(r.tp)} {int(r.isl)}/{int(r.osl)} "
               f"{int(r.concurrency_or_qps):4d} users: TTFT {r.ttft_ms:9.0f} ms, decoding {decoding:6.1f}, "

@@ -203,3 +203,23 @@ def test_h100_llama_rows_queue_as_a_bf16_kv_cache_does_and_h200s_as_fp8(rows):
     assert _decoding_at_once(h200) > 1.6 * holds(h200, "bf16")
     assert row_scenario(h100)[0]["deployment"]["kv_cache_dtype"] == "bf16"
     assert row_scenario(h200)[0]["deployment"]["kv_cache_dtype"] == "fp8"
+
+
+def test_a_load_short_of_what_the_kv_cache_allows_is_flagged(rows):
+    """`common.in_flight_ratio` (what `capacity calibrate` warns about): H100's gpt-oss-120b rows at 512 users
+    decode about 63 requests at once at every TP size, far under both their users and the cache (a load cap
+    outside the engine); H100's Llama row at 8k / 1k and 64 users is flagged at its script's fp8 cache and
+    passes at the bf16 one it behaves as (27.9 decoding, 27.1 held)."""
+    from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, in_flight_ratio
+
+    num = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("isl", "osl", "tp", "concurrency_or_qps")}
+    gpt = rows[(rows.gpu == "H100") & (rows.model == "gpt-oss-120b") & (num["concurrency_or_qps"] == 512)
+               & (num["tp"] == 4) & (num["osl"] == 8192)].iloc[0].to_dict()
+    sc = row_scenario(gpt)[0]
+    assert in_flight_ratio(gpt, sc, 512, 4, 1024, 8192) < 0.2
+    llama = rows[(rows.gpu == "H100") & rows.model.str.startswith("Llama-3.3-70B") & (num["tp"] == 2)
+                 & (num["isl"] == 8192) & (num["concurrency_or_qps"] == 64)].iloc[0].to_dict()
+    sc = row_scenario(llama)[0]
+    assert in_flight_ratio(llama, sc, 64, 2, 8192, 1024) > IN_FLIGHT_SHORTFALL
+    sc["deployment"]["kv_cache_dtype"] = "fp8"
+    assert in_flight_ratio(llama, sc, 64, 2, 8192, 1024) < 0.6

@@ -49,7 +49,7 @@ from scipy.optimize import least_squares
 
 from capacity.cost.step_cost import StepCostModel, StepFeatures
 from capacity.errors import CapacityError
-from capacity.fidelity.common import error_table, pool_map
+from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, error_table, in_flight_ratio, pool_map
 from capacity.fidelity.serving import default_files
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu, save_profile
@@ -670,6 +670,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         _write_acceptance(result, meas.acceptance, out)
         return result
     pricers = recorder.first(rows, skipped)
+    result.warnings.extend(_load_shortfall_warnings(pricers))
     split = _holdout_split(len(pricers), holdout, seed)
     train, _ = split(pricers)
     if not train:
@@ -707,6 +708,29 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         result.out = out
     _write_acceptance(result, meas.acceptance, out)
     return result
+
+
+def _load_shortfall_warnings(pricers: list[Repricer]) -> list[str]:
+    """One warning naming the closed-loop rows whose measured load falls short of what their users and
+    simulated KV cache allow (`common.in_flight_ratio` under IN_FLIGHT_SHORTFALL): their scenario is not
+    what the server ran. They stay in the fit."""
+    short = []
+    for p in pricers:
+        rec = p.rec
+        if rec.open_loop:
+            continue
+        users = parse_float(rec.row.get("concurrency_or_qps"))
+        ratio = in_flight_ratio(rec.row, rec.scenario, users, rec.num_gpus,
+                                float(np.mean(rec.prompt_tokens)), float(np.mean(rec.output_tokens)))
+        if ratio < IN_FLIGHT_SHORTFALL:
+            tp, isl, osl = (parse_float(rec.row.get(k)) for k in ("tp", "isl", "osl"))
+            short.append(f"{rec.row.get('model')} TP{tp:g} {isl:g}/{osl:g} at {users:g} users ({ratio:.2f})")
+    if not short:
+        return []
+    return [f"{len(short)} rows decode fewer requests at once (output tok/s x TPOT) than {IN_FLIGHT_SHORTFALL:g} x "
+            f"min(users, what the simulated KV cache holds): the server ran with less KV cache or a load cap the "
+            f"rows do not state (check kv_cache_dtype, max_num_seqs, the client); they stay in the fit: "
+            + "; ".join(short[:3]) + ("; ..." if len(short) > 3 else "")]
 
 
 def _describe_weights(weights: dict[str, float]) -> str:

@@ -127,3 +127,35 @@ def with_efficiency(gpu_overrides: dict[str, Any] | None, values: dict[str, floa
     over = dict(gpu_overrides or {})
     over["efficiency"] = {**over.get("efficiency", {}), **values}
     return over
+
+
+# --------------------------------------------------------------------------------------------------
+# A row's measured load against its simulated KV cache (docs/seed_validation.md section 30)
+# --------------------------------------------------------------------------------------------------
+
+# Measured requests decoding at once under this fraction of min(users, what the KV cache holds) says the
+# server ran with less cache or a load cap the row does not state. basis: on the shipped rows every series
+# sits at 0.85-0.98 (users in their prefill or first-token wait are not decoding); H100's Llama-3.3-70B
+# rows at their script's fp8 cache gave 0.52, gpt-oss-120b at 512 users 0.12-0.25 (section 30).
+IN_FLIGHT_SHORTFALL = 0.8
+
+
+def decoding_at_once(row: dict[str, Any], num_gpus: float) -> float:
+    """Requests decoding at once by Little's law on the decode phase: output tokens per second x seconds
+    per output token (NaN where a figure is missing). Depends on no fitted efficiency."""
+    rate = pd.to_numeric(row.get("output_tok_s_per_gpu"), errors="coerce") * num_gpus
+    return float(rate * pd.to_numeric(row.get("tpot_ms"), errors="coerce") / 1000.0)
+
+
+def kv_holds_requests(scenario: dict[str, Any], mean_context_tokens: float) -> float:
+    """How many requests of `mean_context_tokens` the KV cache the simulator sizes for `scenario` holds."""
+    deployed = simulate.deploy(scenario_mod.from_dict(scenario))
+    return deployed.memory["kv_cache_tokens"] / max(mean_context_tokens, 1.0)
+
+
+def in_flight_ratio(row: dict[str, Any], scenario: dict[str, Any], users: float, num_gpus: float,
+                    mean_prompt_tokens: float, mean_output_tokens: float) -> float:
+    """A closed-loop row's requests decoding at once over min(users, what its KV cache holds at the mean
+    context: prompt + half the output); NaN where a figure is missing."""
+    holds = kv_holds_requests(scenario, mean_prompt_tokens + mean_output_tokens / 2.0)
+    return decoding_at_once(row, num_gpus) / min(users, holds)
