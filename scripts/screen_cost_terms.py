@@ -91,24 +91,28 @@ def _constant(text: str, kind: type):
 
 def screen(recs, profile_ref: str, prior_weight) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
-    set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards."""
+    set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards; `eff.KEY=V` adds an efficiency
+    entry the profile lacks (e.g. eff.kv_read=0.6), held at V."""
     profile_ref, *sets = profile_ref.split(";")
-    saved = {}
+    saved, extra = {}, {}
     try:
         for item in sets:
             attr, value = item.split("=", 1)
+            if attr.startswith("eff."):           # an efficiency entry the profile does not have (held, not fitted)
+                extra[attr[4:]] = float(value)
+                continue
             saved[attr] = getattr(step_cost, attr)
             setattr(step_cost, attr, _constant(value, type(saved[attr])))
-        return _screen(recs, profile_ref, prior_weight) | {"constants": sets}
+        return _screen(recs, profile_ref, prior_weight, extra) | {"constants": sets}
     finally:
         for attr, value in saved.items():
             setattr(step_cost, attr, value)
 
 
-def _screen(recs, profile_ref: str, prior_weight) -> dict:
+def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None = None) -> dict:
     profile = load_gpu(profile_ref)
     pricers = [cal.Repricer(r, profile) for r in recs]
-    start = dict(profile.efficiency)
+    start = dict(profile.efficiency) | (extra or {})
     keys, _ = cal.identifiable_keys(pricers, start)
     fit_kw = {"prior": cal.prior_efficiencies(profile), "prior_weight": prior_weight}
     info: dict = {}

@@ -172,3 +172,16 @@ def test_curve_without_its_measured_ceiling_is_refused(tmp_path, script):
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     with pytest.raises(CapacityError, match="gemm_curve.fp8.*measured.gemm_fp8_tflops"):
         load_gpu(path)
+
+
+def test_a_kv_read_fraction_divides_the_kv_bound_attention_time_and_is_off_by_default():
+    """The screening switch `kv_read` (step_cost.KV_READ_DEFAULT): KV bytes are read at HBM bandwidth x `hbm`
+    x kv_read. A KV-bound attention (few FLOPs, many bytes) takes exactly 1 / kv_read as long; no entry
+    is the old pricing (closed form: bytes / (bandwidth x hbm), TP1)."""
+    gpu = load_gpu("H200")
+    cost = StepCostModel(gpu, load_model("meta-llama/Llama-3.1-8B"), 1)
+    eff = dict(cost.efficiency)
+    kv_bytes = 4e9
+    plain = cost.attention_time(1.0, kv_bytes, eff)
+    assert plain == pytest.approx(kv_bytes / (gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]))
+    assert cost.attention_time(1.0, kv_bytes, eff | {"kv_read": 0.5}) == pytest.approx(2 * plain)

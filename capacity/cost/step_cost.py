@@ -131,6 +131,13 @@ VERIFY_ROUTING_EXPONENT = 0.5
 # [BK = 128, BV = 8] fp32 tile whose rows are 8 contiguous floats (32 bytes) at a stride of V floats,
 # so each store fills 32 bytes of a 128-byte line (MI300X/MI355X L2 line; CDNA3 ISA guide) -> 1/4.
 STATE_SNAPSHOT_WRITE_EFFICIENCY = 0.25
+# Rate at which attention reads the KV cache, as a fraction of the rate the other streams get (HBM
+# bandwidth x `hbm`): the efficiency entry `kv_read` where one is given, else 1.0 (the same rate). A screening
+# switch, not in any shipped profile (scripts/screen_cost_terms.py --variant "NAME=GPU;eff.kv_read=0.6"). The H200
+# measured here (gpu_microbench_h200.csv, torch SDPA FlashAttention-2 decode, GQA 64/8, contiguous KV) reads it
+# at 2.2-2.7 TB/s at 64-256 sequences against 4.2 TB/s for a plain read (0.56-0.65), 3.3-4.4 TB/s at 1-16
+# sequences of 16-64k tokens.
+KV_READ_DEFAULT = 1.0
 
 
 @dataclass(frozen=True)
@@ -697,7 +704,7 @@ class StepCostModel:
             bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
             memo = self._shape_memo[(b, tokens_per_seq)] = (
                 f, self._shape_parts(f, eff, True), self.tables.chunk(tokens_per_seq), self.tables.kv,
-                self.tp * self._peak_attn * eff["attention"], self._kv_split * bw)
+                self.tp * self._peak_attn * eff["attention"], self._kv_split * bw * eff.get("kv_read", KV_READ_DEFAULT))
         f, shape, chunk, kv_table, attn_div, kv_div = memo
         attn, kv = _add_reduce(chunk[context_tokens], 1), _add_reduce(kv_table[context_tokens], 1)
         f = StepFeatures(f.num_tokens, f.num_seqs, f.num_sampled, attn, kv, f.verify_seqs)
@@ -818,7 +825,7 @@ class StepCostModel:
         eff = self.efficiency if efficiency is None else efficiency
         bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
         return fast_maximum(_float_or_array(attn_flops) / (self.tp * self._peak_attn * eff["attention"]),
-                            _float_or_array(kv_read_bytes) / (self._kv_split * bw))
+                            _float_or_array(kv_read_bytes) / (self._kv_split * bw * eff.get("kv_read", KV_READ_DEFAULT)))
 
     def total_time(self, f: StepFeatures, efficiency: dict[str, float] | None = None) -> np.ndarray | float:
         return sum(self.time_parts(f, efficiency).values())
