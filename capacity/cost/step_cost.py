@@ -135,8 +135,8 @@ STATE_SNAPSHOT_WRITE_EFFICIENCY = 0.25
 # bandwidth x `hbm`): the efficiency entry `kv_read` where one is given, else 1.0 (the same rate). A screening
 # switch, not in any shipped profile (scripts/screen_cost_terms.py --variant "NAME=GPU;eff.kv_read=0.6"). The H200
 # measured here (gpu_microbench_h200.csv, torch SDPA FlashAttention-2 decode, GQA 64/8, contiguous KV) reads it
-# at 2.2-2.7 TB/s at 64-256 sequences against 4.2 TB/s for a plain read (0.56-0.65), 3.3-4.4 TB/s at 1-16
-# sequences of 16-64k tokens.
+# at 1.9-2.7 TB/s at 64-256 sequences of 256-16k tokens against 4.2 TB/s for a plain 1-4 GiB read (0.46-0.65),
+# 2.1-4.4 TB/s at 1-16 sequences of 16-64k tokens.
 KV_READ_DEFAULT = 1.0
 
 
