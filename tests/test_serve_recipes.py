@@ -171,19 +171,18 @@ def test_mi355x_quark_mxfp4_series_run_on_the_matrix_cores_their_activations_nam
     assert expert_compute("Kimi-K2.5", "int4") == "bf16"
 
 
-def _decoding_at_once(row) -> float:
-    """Little's law on the decode phase: output tokens per second x seconds per output token."""
-    return float(row["output_tok_s_per_gpu"]) * float(row["tp"]) * float(row["tpot_ms"]) / 1000.0
-
-
 def test_h100_llama_rows_queue_as_a_bf16_kv_cache_does_and_h200s_as_fp8(rows):
     """The `inferred` KV dtype of the H100 Llama-3.3-70B series rests on capacity, not on a fit: at TP2,
     8k/1k and 64 users the measured requests decoding at once (Little's law) match what a bf16 cache of
     the simulator's size holds, not an fp8 one; H200's TP1 rows of the same script, image and checkpoint
     match fp8 (the control). The capacities come from the simulator's memory model (deploy), the
     in-flight counts from the measured rates."""
+    from capacity.fidelity.common import decoding_at_once
     from capacity.inputs.scenario import from_dict
     from capacity.sim.simulate import deploy
+
+    def _decoding_at_once(row) -> float:
+        return decoding_at_once(row, float(row["tp"]))
 
     sel = rows[(rows.source_id == "inferencex_api_snapshot_2026-05-09") & rows.model.str.startswith("Llama-3.3-70B")
                & (pd.to_numeric(rows.isl) == 8192) & (pd.to_numeric(rows.osl) == 1024)

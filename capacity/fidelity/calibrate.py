@@ -378,13 +378,7 @@ def parse_prior_weight(texts: list[str]) -> float | dict[str, float]:
             per_key[key.strip()] = w
         else:
             base = w
-    if not per_key:
-        return base
-    unknown = [k for k in per_key if k not in PRIOR_KEYS]
-    if unknown:
-        raise CapacityError(f"--prior-weight {unknown[0]}=...: no microbenchmark prior on it; "
-                            f"use one of {', '.join(PRIOR_KEYS)}")
-    return {k: per_key.get(k, base) for k in PRIOR_KEYS}
+    return prior_weights({**dict.fromkeys(PRIOR_KEYS, base), **per_key}) if per_key else base
 
 
 def _active_prior(prior, prior_weight) -> dict[str, float] | None:
