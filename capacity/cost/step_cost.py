@@ -564,7 +564,7 @@ class StepCostModel:
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
                  model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True,
-                 quick_reduce_quantization: str = "none"):
+                 quick_reduce_quantization: str = "none", attention_backend: str = "auto"):
         self.gpu = gpu
         # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
         self.async_scheduling = bool(async_scheduling)
@@ -585,6 +585,9 @@ class StepCostModel:
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
+        # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
+        self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
+                              else {"flash": "attention", "triton": "attention_triton"}[attention_backend])
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
@@ -704,7 +707,8 @@ class StepCostModel:
             bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
             memo = self._shape_memo[(b, tokens_per_seq)] = (
                 f, self._shape_parts(f, eff, True), self.tables.chunk(tokens_per_seq), self.tables.kv,
-                self.tp * self._peak_attn * eff["attention"], self._kv_split * bw * eff.get("kv_read", KV_READ_DEFAULT))
+                self.tp * self._peak_attn * self._attention_efficiency(eff),
+                self._kv_split * bw * eff.get("kv_read", KV_READ_DEFAULT))
         f, shape, chunk, kv_table, attn_div, kv_div = memo
         attn, kv = _add_reduce(chunk[context_tokens], 1), _add_reduce(kv_table[context_tokens], 1)
         f = StepFeatures(f.num_tokens, f.num_seqs, f.num_sampled, attn, kv, f.verify_seqs)
@@ -824,8 +828,13 @@ class StepCostModel:
         whichever takes longer (the 'attention' part of `time_parts`)."""
         eff = self.efficiency if efficiency is None else efficiency
         bw = self.gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]
-        return fast_maximum(_float_or_array(attn_flops) / (self.tp * self._peak_attn * eff["attention"]),
+        return fast_maximum(_float_or_array(attn_flops) / (self.tp * self._peak_attn * self._attention_efficiency(eff)),
                             _float_or_array(kv_read_bytes) / (self._kv_split * bw * eff.get("kv_read", KV_READ_DEFAULT)))
+
+    def _attention_efficiency(self, eff: dict[str, float]) -> float:
+        """The attention kernels' efficiency for this model (`attention_key`); a mapping without
+        `attention_triton` (an older override or screen) gives the `attention` value, as a profile without one does."""
+        return eff.get(self.attention_key, eff["attention"])
 
     def total_time(self, f: StepFeatures, efficiency: dict[str, float] | None = None) -> np.ndarray | float:
         return sum(self.time_parts(f, efficiency).values())

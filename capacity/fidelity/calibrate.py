@@ -74,10 +74,10 @@ from capacity.sim.simulate import has_request_delay, request_delays_s
 # (an 8k prompt 0.25 s before scheduling) is past anything a serving stack that keeps up with its GPU
 # shows. basis: those sources for the range; the bound itself assumed. A fit on it is reported as failed.
 PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
-FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
+FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us")
 BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
-          "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
+          "attention_triton": (0.01, 1.0), "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
@@ -117,7 +117,8 @@ F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull gro
 PRIOR_WEIGHT = 3.0
 PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 
-NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "allreduce": 0.5, "step_overhead_ms": 1.0,
+NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "attention_triton": 0.3, "allreduce": 0.5,
+                 "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0,
                  "prompt_token_overhead_us": 2.0}
 
@@ -245,7 +246,8 @@ class Repricer:
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"], expert_parallel=d.get("expert_parallel", False),
                                   async_scheduling=rec.scenario.get("engine", {}).get("async_scheduling", True),
                                   quick_reduce_quantization=rec.scenario.get("engine", {}).get(
-                                      "quick_reduce_quantization", "none"))
+                                      "quick_reduce_quantization", "none"),
+                                  attention_backend=rec.scenario.get("engine", {}).get("attention_backend", "auto"))
         f = rec.features
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
@@ -416,6 +418,12 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         why["moe"] = "no MoE model with fp8/fp4/bf16 experts in the runs"
     if "moe_int4" not in moe_keys:
         why["moe_int4"] = "no MoE model with int4 (W4A16) experts in the runs"
+    attention_keys = {getattr(p.cost, "attention_key", "attention") for p in pricers}
+    if "attention" not in attention_keys:
+        why["attention"] = "no run of a model whose attention runs the flash-attention kernels"
+    if "attention_triton" not in attention_keys:
+        why["attention_triton"] = ("no run whose attention runs vLLM's Triton unified-attention kernel (a model with "
+                                   "attention sinks on ROCm, or engine.attention_backend: triton)")
     if all(p.cost.tp == 1 for p in pricers):
         why["allreduce"] = "every run is TP=1 (no all-reduce)"
     if len({int(t) for p in pricers for t in np.unique(p.rec.prompt_tokens)}) < 2:
@@ -901,6 +909,10 @@ def leave_one_group_out(train: list[Repricer], fitted: dict[str, float], keys: t
         rows = [p for p in train if group(p) != g]
         fold_keys = tuple(k for k in identifiable_keys(rows, fitted)[0] if k in keys)
         fits[g] = fit(rows, fitted, fold_keys, **fit_kw)
+        if "attention_triton" in keys and "attention_triton" not in fold_keys:
+            # the held-out rows are the only ones on the Triton kernel: what a GPU calibrated without them
+            # has for it (a profile without the entry: the flash kernels' value), not the full fit's
+            fits[g]["attention_triton"] = fits[g]["attention"]
         oof.append(predictions(again([p for p in train if group(p) == g], fits[g]), fits[g]))
     return _tables(pd.concat(oof, ignore_index=True)), fits
 

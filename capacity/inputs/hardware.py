@@ -31,12 +31,12 @@ from capacity.paths import hw_profiles_dir
 from capacity.util.text import quote
 from capacity.inputs import safe_yaml
 
-EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce", "step_overhead_ms",
+EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms",
                    "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us",
                    "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
-FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "allreduce")
+FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce")
 """The efficiency keys that are fractions in (0, 1]; the others are overheads (>= 0)."""
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
@@ -91,6 +91,17 @@ OVERRIDE_SOURCE = "user override (GpuProfile.with_overrides)"
 FITTED_BASIS = "fitted"
 TRANSFERRED_BASIS = "transferred from"
 """Basis prefix of an efficiency taken from a sibling GPU of the same family (`family_transfer`)."""
+
+# vLLM on ROCm runs a model with attention sinks (gpt-oss) in a Triton unified-attention kernel, prefill and decode
+# alike: PR #36702 (merged 2026-03, "[ROCm] Attention selector reordering": "AITER_UNIFIED - a variation of TRITON_ATTN,
+# specifically tuned for ROCm. Will fall back here when the model requires sinks (GPT-OSS)"; ROCM_ATTN reports no sink
+# support because it would fall back to a Triton implementation), and InferenceX's 2025 gpt-oss scripts on MI300X and
+# MI355X set VLLM_USE_AITER_UNIFIED_ATTENTION=1 with VLLM_ROCM_USE_AITER_MHA=0 (capacity/data/measurements/
+# serve_recipes.yaml). Every other model there runs a CK/assembly flash-attention kernel (ROCM_AITER_FA for MHA/GQA,
+# the CK-tile FlashAttention fallback for MLA prefill; vLLM PR #45033). Its efficiency is `attention_triton`.
+TRITON_ATTENTION_ARCHS = ("gfx9",)
+_TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
+                             "calibrated where rows of a model with attention sinks on this GPU exist")
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
@@ -123,6 +134,7 @@ _EXPECTED_UNIT = {
     "efficiency.prompt_token_overhead_us": "us",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
+    "efficiency.attention_triton": "fraction",
     "efficiency.allreduce": "fraction",
     "efficiency.step_overhead_ms": "ms",
     "efficiency.per_seq_overhead_us": "us",
@@ -282,6 +294,13 @@ class GpuProfile:
             return "bf16"
         native = "fp8" if family == "int8" else family
         return native if native in self.peak_dense_tflops else "bf16"
+
+    def attention_efficiency_key(self, model: Any) -> str:
+        """The efficiency entry for `model`'s attention FLOPs on this GPU: `attention_triton` where vLLM runs its
+        Triton unified-attention kernel (a model with attention sinks on ROCm, TRITON_ATTENTION_ARCHS), `attention`
+        (the flash-attention kernels) everywhere else."""
+        rocm = any(a in self.architecture for a in TRITON_ATTENTION_ARCHS)
+        return "attention_triton" if rocm and getattr(model, "attention_sinks", False) else "attention"
 
     def moe_efficiency_key(self, expert_weight_dtype: str) -> str:
         """The efficiency entry that scales the weight streaming of expert (MoE) GEMMs on weights of this
@@ -472,6 +491,7 @@ class _EfficiencyModel(BaseModel):
     moe_int4: _LeafModel
     hbm: _LeafModel
     attention: _LeafModel
+    attention_triton: _LeafModel | None = None   # optional: absent = the `attention` value (_TRITON_ATTENTION_DEFAULT)
     allreduce: _LeafModel
     step_overhead_ms: _LeafModel
     per_seq_overhead_us: _LeafModel
@@ -587,7 +607,9 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
                             f"not {'both' if model.efficiency is not None else 'neither'}; {_SCHEMA_HINT}")
     if model.efficiency is not None:
         for key in EFFICIENCY_KEYS:
-            add(f"efficiency.{key}", getattr(model.efficiency, key))
+            if getattr(model.efficiency, key) is not None:
+                add(f"efficiency.{key}", getattr(model.efficiency, key))
+
     else:
         provenance.update(_transferred_efficiency(model.name, model.architecture, model.family_transfer, path, where,
                                                   provenance))
@@ -648,6 +670,8 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
                  "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
+        if old.source == _TRITON_ATTENTION_DEFAULT:
+            continue            # no value of its own on the sibling: this profile's follows its own `attention`
         value, note = old.value, " ".join(transfer.reason.split())
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
         if scaled is not None:
@@ -738,9 +762,23 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                 fail(key, f"has unit '{record.unit}' but the key is in {expected}")
 
 
+def _with_default_triton_attention(provenance: Mapping[str, Sourced]) -> dict[str, Sourced]:
+    """`provenance` with `efficiency.attention_triton` at the `attention` value where the profile gives none (or
+    gave none before an override or a refit of `attention`): an entry that follows `attention` until one is stated."""
+    out = dict(provenance)
+    record, attention = out.get("efficiency.attention_triton"), out.get("efficiency.attention")
+    if attention is not None and (record is None or record.source == _TRITON_ATTENTION_DEFAULT):
+        out["efficiency.attention_triton"] = Sourced(
+            value=attention.value, basis="assumed", source=_TRITON_ATTENTION_DEFAULT, unit="fraction",
+            note="the profile states no separate value")
+    return out
+
+
 def _profile_from_provenance(
     name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str
 ) -> GpuProfile:
+    provenance = _with_default_triton_attention(provenance)
+
     def values(prefix: str, order: tuple[str, ...]) -> dict[str, float]:
         return {k: float(provenance[f"{prefix}.{k}"].value) for k in order if f"{prefix}.{k}" in provenance}
 
@@ -808,7 +846,8 @@ def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mappin
         if key in provenance:
             document[key] = leaf(key)
     document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
-    document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")}
+    document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")
+                              and provenance[k].source != _TRITON_ATTENTION_DEFAULT}
     curve = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("gemm_curve.")}
     if curve:
         document["gemm_curve"] = curve

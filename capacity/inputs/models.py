@@ -279,6 +279,7 @@ class ModelArch:
     expert_intermediate_size: int = 0         # width of one routed expert (0: no MoE layers)
     shared_expert_intermediate_size: int = 0  # total width of a MoE layer's shared experts (0: none)
     qk_norm: str | None = None                # "per_head" | "per_layer" q/k RMSNorm of GQA layers (None: none, or MLA)
+    attention_sinks: bool = False             # per-head attention sinks (gpt-oss): a kernel must support them
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def __hash__(self) -> int:
@@ -1318,6 +1319,7 @@ def _model_arch(name: str, role: str, source: str, kv_dtype: str, assumptions: l
         expert_intermediate_size=int(s.expert_inter or 0) if n_moe else 0,
         shared_expert_intermediate_size=int(ex.shared_width * ex.n_shared),
         qk_norm=None if s.uses_mla else _qk_norm(s.cfg, s.tr),
+        attention_sinks=bool(s.tr.get("sinks")),
         assumptions=tuple(assumptions),
     )
 

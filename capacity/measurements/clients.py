@@ -108,11 +108,19 @@ def serve_recipes() -> list[dict[str, Any]]:
 
 def recipe_matches(match: dict[str, Any], row: dict[str, Any]) -> bool:
     """Whether every `match` column of a serve_recipes.yaml entry equals the row's cell (an empty or
-    NaN cell reads as "")."""
+    NaN cell reads as ""; numbers compare as numbers, so 16 matches a cell of 16.0); a list matches
+    any of its values."""
     def cell(key: str) -> str:
         v = row.get(key)
         return "" if v is None or (isinstance(v, float) and v != v) else str(v).strip()
-    return all(cell(k) == str(v).strip() for k, v in match.items())
+
+    def same(have: str, want: Any) -> bool:
+        want = str(want).strip()
+        try:
+            return float(have) == float(want)
+        except ValueError:
+            return have == want
+    return all(any(same(cell(k), w) for w in (v if isinstance(v, list) else [v])) for k, v in match.items())
 
 
 def serve_recipe(row: dict[str, Any]) -> dict[str, Any]:
