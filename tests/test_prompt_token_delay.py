@@ -117,4 +117,7 @@ def test_a_held_parameter_keeps_the_profile_value_and_the_others_absorb_it(tmp_p
     assert "prompt_token_overhead_us" not in result.fitted_keys
     assert result.fitted["prompt_token_overhead_us"] == load_gpu("MI300X").efficiency["prompt_token_overhead_us"] == 0.0
     assert "--hold" in result.not_fitted["prompt_token_overhead_us"]
-    assert result.fitted["request_overhead_ms"] > 5.0 + 10e-3 * 500 * 0.5     # the 500-token runs' share at least
+    # the others absorb the per-token time: the constant delay grows, and the prefill's efficiencies (which price
+    # a prompt's tokens too) fall below the values the runs were made with (how it splits depends on the profile)
+    assert result.fitted["request_overhead_ms"] > 5.0
+    assert min(result.fitted[k] / eff[k] for k in ("gemm", "attention")) < 0.95
