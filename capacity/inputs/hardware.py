@@ -97,8 +97,9 @@ TRANSFERRED_BASIS = "transferred from"
 # specifically tuned for ROCm. Will fall back here when the model requires sinks (GPT-OSS)"; ROCM_ATTN reports no sink
 # support because it would fall back to a Triton implementation), and InferenceX's 2025 gpt-oss scripts on MI300X and
 # MI355X set VLLM_USE_AITER_UNIFIED_ATTENTION=1 with VLLM_ROCM_USE_AITER_MHA=0 (capacity/data/measurements/
-# serve_recipes.yaml). Every other model there runs a CK/assembly flash-attention kernel (ROCM_AITER_FA for MHA/GQA,
-# the CK-tile FlashAttention fallback for MLA prefill; vLLM PR #45033). Its efficiency is `attention_triton`.
+# serve_recipes.yaml). Its efficiency is `attention_triton`. Any other model is priced on the flash-attention kernels
+# (`attention`: ROCM_AITER_FA for MHA/GQA, the CK-tile FlashAttention fallback for MLA prefill, vLLM PR #45033) unless
+# its scenario says engine.attention_backend: triton (MI300X's Llama-3.3-70B series, serve_recipes.yaml).
 TRITON_ATTENTION_ARCHS = ("gfx9",)
 _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
                              "calibrated where rows of a model with attention sinks on this GPU exist")
