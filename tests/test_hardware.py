@@ -85,7 +85,7 @@ def test_every_leaf_has_a_source_or_is_labelled_assumed(name):
             transferred.append("expert_stream_bandwidth_tb_s")
     # a profile that states no `attention_triton` gets one that follows its `attention` (hardware.py)
     stated = {key for key, _ in leaves} | set(transferred)
-    follows = [] if "efficiency.attention_triton" in stated else ["efficiency.attention_triton"]
+    follows = [k for k in ("efficiency.attention_triton", "efficiency.moe_token_overhead_ns") if k not in stated]
     assert sorted(profile.provenance) == sorted([key for key, _ in leaves] + transferred + follows)
 
 
@@ -459,6 +459,9 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
         if key == "attention_triton" and sib.provenance[f"efficiency.{key}"].basis == "assumed":
             # the sibling states none: this profile's follows its own (transferred) `attention`
             assert record.basis == "assumed" and gpu.efficiency[key] == gpu.efficiency["attention"], name
+            continue
+        if key == "moe_token_overhead_ns" and sib.provenance[f"efficiency.{key}"].basis == "assumed":
+            assert record.basis == "assumed" and gpu.efficiency[key] == 0.0, name
             continue
         assert record.basis.startswith(f"transferred from {sibling} ("), (name, key)
         assert record.fitted_on == sib.provenance[f"efficiency.{key}"].fitted_on

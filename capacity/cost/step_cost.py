@@ -771,6 +771,11 @@ class StepCostModel:
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)
             if self._expert_call_s:
                 before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
+            per_token = eff.get("moe_token_overhead_ns", 0.0)
+            if per_token:
+                # work every TP rank repeats for every token of a MoE layer (routing, sorting, activation
+                # quantisation; docs/seed_validation.md section 31): not divided by TP
+                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * n_tok * m.num_moe_layers
         snapshot = None
         if m.num_linear_attention_layers:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)

@@ -75,15 +75,15 @@ from capacity.sim.simulate import has_request_delay, request_delays_s
 # shows. basis: those sources for the range; the bound itself assumed. A fit on it is reported as failed.
 PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-               "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us")
+               "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us", "moe_token_overhead_ns")
 BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm": (0.2, 1.0), "attention": (0.01, 1.0),
           "attention_triton": (0.01, 1.0), "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
-          "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US)}
+          "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US), "moe_token_overhead_ns": (0.0, 5000.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # How close to its lower bound a fitted value counts as on it: overheads (floor 0) within 1e-3 of their unit
 # (a nanosecond-scale host time is no time), fractions within 0.1 % of their floor
-FLOOR_TOLERANCE = {"step_overhead_ms": 1e-6, "per_seq_overhead_us": 1e-3, "layer_overhead_us": 1e-3,
+FLOOR_TOLERANCE = {"step_overhead_ms": 1e-6, "per_seq_overhead_us": 1e-3, "layer_overhead_us": 1e-3, "moe_token_overhead_ns": 1e-3,
                    "request_overhead_ms": 1e-6, "prompt_token_overhead_us": 1e-3}
 F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull grows linearly, not quadratically
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
@@ -120,7 +120,7 @@ PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "attention_triton": 0.3, "allreduce": 0.5,
                  "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0,
-                 "prompt_token_overhead_us": 2.0}
+                 "prompt_token_overhead_us": 2.0, "moe_token_overhead_ns": 100.0}
 
 
 @dataclass
@@ -416,6 +416,8 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
     moe_keys = {p.cost.moe_efficiency_key for p in pricers if p.cost.model.num_moe_layers}
     if "moe" not in moe_keys:
         why["moe"] = "no MoE model with fp8/fp4/bf16 experts in the runs"
+    if not moe_keys:
+        why["moe_token_overhead_ns"] = "no MoE model in the runs"
     if "moe_int4" not in moe_keys:
         why["moe_int4"] = "no MoE model with int4 (W4A16) experts in the runs"
     attention_keys = {getattr(p.cost, "attention_key", "attention") for p in pricers}
@@ -439,7 +441,8 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         x = x0.copy()
         # a fraction by 10 %; an overhead by at least a fixed step, so that one already fitted to about 0
         # (3e-20 ms) is still tested (a 10 % change of nothing moves nothing)
-        step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0, "prompt_token_overhead_us": 2.0}.get(k, 5.0)
+        step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0, "prompt_token_overhead_us": 2.0,
+                "moe_token_overhead_ns": 100.0}.get(k, 5.0)
         x[i] = x0[i] * 1.1 if k in FRACTION_EFFICIENCY_KEYS else x0[i] + max(0.1 * x0[i], step)
         if np.linalg.norm(_residuals(x, tuple(keys), start, pricers, metrics) - r0) < 1e-3:
             why[k] = "no fitted metric of these runs moves when it changes"

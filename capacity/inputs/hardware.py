@@ -33,6 +33,7 @@ from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms",
                    "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us",
+                   "moe_token_overhead_ns",
                    "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
@@ -103,6 +104,7 @@ TRANSFERRED_BASIS = "transferred from"
 TRITON_ATTENTION_ARCHS = ("gfx9",)
 _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
                              "calibrated where rows of a model with attention sinks on this GPU exist")
+_MOE_TOKEN_DEFAULT = "none: a TP-independent per-token cost of MoE layers is not assumed unless calibrated"
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
@@ -133,6 +135,7 @@ _EXPECTED_UNIT = {
     "efficiency.layer_overhead_us": "us",
     "efficiency.request_overhead_ms": "ms",
     "efficiency.prompt_token_overhead_us": "us",
+    "efficiency.moe_token_overhead_ns": "ns",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
     "efficiency.attention_triton": "fraction",
@@ -499,6 +502,7 @@ class _EfficiencyModel(BaseModel):
     layer_overhead_us: _LeafModel
     request_overhead_ms: _LeafModel
     prompt_token_overhead_us: _LeafModel
+    moe_token_overhead_ns: _LeafModel | None = None   # optional: absent = 0 (_MOE_TOKEN_DEFAULT)
     spec_seq_overhead_us: _LeafModel
     spec_token_overhead_us: _LeafModel
 
@@ -671,7 +675,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
                  "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
-        if old.source == _TRITON_ATTENTION_DEFAULT:
+        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT):
             continue            # no value of its own on the sibling: this profile's follows its own `attention`
         value, note = old.value, " ".join(transfer.reason.split())
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
@@ -745,7 +749,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
             if value < 0:
                 fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
-                     "efficiency.request_overhead_ms", "efficiency.prompt_token_overhead_us",
+                     "efficiency.request_overhead_ms", "efficiency.prompt_token_overhead_us", "efficiency.moe_token_overhead_ns",
                      "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
                      "scaleup_latency_us", "gemm_call_us",
@@ -767,6 +771,9 @@ def _with_default_triton_attention(provenance: Mapping[str, Sourced]) -> dict[st
     """`provenance` with `efficiency.attention_triton` at the `attention` value where the profile gives none (or
     gave none before an override or a refit of `attention`): an entry that follows `attention` until one is stated."""
     out = dict(provenance)
+    if "efficiency.moe_token_overhead_ns" not in out and "efficiency.attention" in out:
+        out["efficiency.moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_MOE_TOKEN_DEFAULT,
+                                                          unit="ns", note="the profile states none")
     record, attention = out.get("efficiency.attention_triton"), out.get("efficiency.attention")
     if attention is not None and (record is None or record.source == _TRITON_ATTENTION_DEFAULT):
         out["efficiency.attention_triton"] = Sourced(
@@ -848,7 +855,7 @@ def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mappin
             document[key] = leaf(key)
     document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
     document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")
-                              and provenance[k].source != _TRITON_ATTENTION_DEFAULT}
+                              and provenance[k].source not in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT)}
     curve = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("gemm_curve.")}
     if curve:
         document["gemm_curve"] = curve

@@ -1,0 +1,31 @@
+"""`moe_token_overhead_ns`: per-token work of a MoE layer that every tensor-parallel rank repeats (routing, sorting,
+activation quantisation), so TP does not divide it. Truth: n tokens x MoE layers x the time per token per layer, the
+same at every TP size, and nothing for a dense model or with the entry absent (0)."""
+import pytest
+
+from capacity.cost.step_cost import StepCostModel
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+
+TOKENS = 4096
+
+
+def _moe_s(gpu, model, tp):
+    return StepCostModel(gpu, model, tp).forward([TOKENS], [TOKENS]).parts_s.get("moe_gemm", 0.0)
+
+
+def test_the_per_token_moe_cost_is_the_same_at_every_tp_size():
+    model = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="fp8")
+    base = load_gpu("MI355X")
+    assert base.efficiency["moe_token_overhead_ns"] == 0.0          # absent from the profile: none
+    with_cost = base.with_overrides(efficiency={"moe_token_overhead_ns": 500.0})
+    expected = 500e-9 * TOKENS * model.num_moe_layers
+    for tp in (1, 2, 8):
+        assert _moe_s(with_cost, model, tp) - _moe_s(base, model, tp) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_dense_model_pays_none():
+    model = load_model("meta-llama/Llama-3.3-70B-Instruct", weight_precision="fp8")
+    gpu = load_gpu("MI355X").with_overrides(efficiency={"moe_token_overhead_ns": 500.0})
+    base = StepCostModel(load_gpu("MI355X"), model, 2).forward([TOKENS], [TOKENS]).total_s
+    assert StepCostModel(gpu, model, 2).forward([TOKENS], [TOKENS]).total_s == base
