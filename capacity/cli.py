@@ -167,7 +167,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     result = calibrate.run(args.files or None, gpu=args.gpu, out=args.out, holdout=args.holdout,
                            progress=not args.quiet, tp=args.tp, model=args.model, sets=args.set,
                            rounds=args.rounds, workers=args.workers, cross_validate=not args.no_cross_validation,
-                           hold=tuple(args.hold),
+                           hold=tuple(args.hold), fit_also=tuple(args.fit),
                            **({} if not args.prior_weight
                               else {"prior_weight": calibrate.parse_prior_weight(args.prior_weight)}))
     if args.json:
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--hold", action="append", default=[], metavar="KEY",
                    help="keep this efficiency parameter at the profile's value instead of fitting it, e.g. "
                         "--hold prompt_token_overhead_us (repeatable; an ablation of one cost term)")
+    c.add_argument("--fit", action="append", default=[], metavar="KEY",
+                   help="also fit this opt-in parameter, e.g. --fit moe_token_overhead_ns (a term screened "
+                        "but not shipped; repeatable)")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="fit only: skip leave-one-model-out and leave-one-TP-size-out (about half the time)")
     c.add_argument("--json", action="store_true")

@@ -269,6 +269,7 @@ def test_scenario_values(capsys, sets, word):
     (["calibrate", "--gpu", "MI300X", "--prior-weight", "gemm=-1"], "--prior-weight -1"),
     (["calibrate", "--gpu", "MI300X", "--holdout", "nan"], "--holdout"),
     (["calibrate", "--gpu", "MI300X", "--hold", "gemma"], "--hold gemma"),
+    (["calibrate", "--gpu", "MI300X", "--fit", "gemm"], "--fit gemm"),
 ])
 def test_options(capsys, argv, word):
     t0 = time.perf_counter()

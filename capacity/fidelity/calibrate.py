@@ -81,6 +81,8 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US), "moe_token_overhead_ns": (0.0, 5000.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
+# Fitted only when asked for (`--fit KEY`): terms screened but not shipped (docs/seed_validation.md section 31).
+OPT_IN_KEYS = ("moe_token_overhead_ns",)
 # How close to its lower bound a fitted value counts as on it: overheads (floor 0) within 1e-3 of their unit
 # (a nanosecond-scale host time is no time), fractions within 0.1 % of their floor
 FLOOR_TOLERANCE = {"step_overhead_ms": 1e-6, "per_seq_overhead_us": 1e-3, "layer_overhead_us": 1e-3, "moe_token_overhead_ns": 1e-3,
@@ -636,7 +638,8 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         workers: int = 2, cross_validate: bool = True, seed: int = 0, max_rows: int | None = None,
         tp: int | None = None, model: str | None = None, sets: list[str] | None = None,
         rounds: int | None = None, keys: tuple[str, ...] | None = None,
-        prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT, hold: tuple[str, ...] = ()) -> CalibrationResult:
+        prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT, hold: tuple[str, ...] = (),
+        fit_also: tuple[str, ...] = ()) -> CalibrationResult:
     """Fit `gpu`'s efficiency parameters to measured serving runs (any format `readers` knows).
 
     `tp`, `model`, `sets` (column=value) fill what vLLM result files do not state. `rounds` (default: 2
@@ -644,8 +647,12 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     fitted parameters and refits. `keys` forces the fitted parameters (default: the identifiable ones).
     `prior_weight` weighs the pull toward the profile's microbenchmark anchors (PRIOR_WEIGHT; 0: none): one
     number for every anchor or a mapping per PRIOR_KEYS efficiency (`prior_weights`).
-    `hold` keeps these parameters at the profile's values (an ablation: the fit without one term).
+    `hold` keeps these parameters at the profile's values (an ablation: the fit without one term);
+    `fit_also` fits these OPT_IN_KEYS too (a screen of a term not shipped).
     """
+    unknown = [k for k in fit_also if k not in OPT_IN_KEYS]
+    if unknown:
+        raise CapacityError(f"--fit {unknown[0]}: not an opt-in parameter; use one of {', '.join(OPT_IN_KEYS)}")
     unknown = [k for k in hold if k not in FITTED_KEYS]
     if unknown:
         raise CapacityError(f"--hold {unknown[0]}: not a fitted parameter; use one of {', '.join(FITTED_KEYS)}")
@@ -688,6 +695,10 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         if k in keys:
             keys = tuple(x for x in keys if x != k)
             not_fitted[k] = "held at the profile's value (--hold)"
+    for k in OPT_IN_KEYS:
+        if k in keys and k not in fit_also:
+            keys = tuple(x for x in keys if x != k)
+            not_fitted[k] = "fitted only with --fit (a screened term, not shipped)"
     if rounds is None:
         rounds = 2 if (has_request_delay(start) or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
