@@ -1,6 +1,7 @@
-"""`moe_token_overhead_ns`: per-token work of a MoE layer that every tensor-parallel rank repeats (routing, sorting,
-activation quantisation), so TP does not divide it. Truth: n tokens x MoE layers x the time per token per layer, the
-same at every TP size, and nothing for a dense model or with the entry absent (0)."""
+"""`moe_token_overhead_ns`: work of a MoE layer that every tensor-parallel rank repeats for each token and each expert
+it is routed to (routing, sorting, the tokens' gather and scatter), so TP does not divide it. Truth: n tokens x top-k
+x MoE layers x the time per routed token, the same at every TP size, and nothing for a dense model or with the entry
+absent (0)."""
 import pytest
 
 from capacity.cost.step_cost import StepCostModel
@@ -19,7 +20,7 @@ def test_the_per_token_moe_cost_is_the_same_at_every_tp_size():
     base = load_gpu("MI355X")
     assert base.efficiency["moe_token_overhead_ns"] == 0.0          # absent from the profile: none
     with_cost = base.with_overrides(efficiency={"moe_token_overhead_ns": 500.0})
-    expected = 500e-9 * TOKENS * model.num_moe_layers
+    expected = 500e-9 * TOKENS * model.experts_per_token * model.num_moe_layers
     for tp in (1, 2, 8):
         assert _moe_s(with_cost, model, tp) - _moe_s(base, model, tp) == pytest.approx(expected, rel=1e-9)
 

@@ -773,9 +773,10 @@ class StepCostModel:
                 before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
             per_token = eff.get("moe_token_overhead_ns", 0.0)
             if per_token:
-                # work every TP rank repeats for every token of a MoE layer (routing, sorting, activation
-                # quantisation; docs/seed_validation.md section 31): not divided by TP
-                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * n_tok * m.num_moe_layers
+                # work every TP rank repeats for every token and each expert it is routed to, in each MoE layer
+                # (routing, sorting, the tokens' gather and scatter; docs/seed_validation.md section 31): not
+                # divided by TP
+                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * n_tok * m.num_moe_layers * m.experts_per_token
         snapshot = None
         if m.num_linear_attention_layers:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)

@@ -104,7 +104,8 @@ TRANSFERRED_BASIS = "transferred from"
 TRITON_ATTENTION_ARCHS = ("gfx9",)
 _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
                              "calibrated where rows of a model with attention sinks on this GPU exist")
-_MOE_TOKEN_DEFAULT = "none: a TP-independent per-token cost of MoE layers is not assumed unless calibrated"
+_MOE_TOKEN_DEFAULT = ("none: a TP-independent cost per routed token (token x expert) of MoE layers is not assumed "
+                      "unless calibrated")
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
