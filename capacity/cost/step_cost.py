@@ -109,6 +109,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS
+
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
     from capacity.inputs.models import ModelArch
@@ -587,7 +589,7 @@ class StepCostModel:
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
-                              else {"flash": "attention", "triton": "attention_triton"}[attention_backend])
+                              else ATTENTION_BACKEND_KEYS[attention_backend])
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with

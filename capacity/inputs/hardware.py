@@ -102,6 +102,8 @@ TRANSFERRED_BASIS = "transferred from"
 # (`attention`: ROCM_AITER_FA for MHA/GQA, the CK-tile FlashAttention fallback for MLA prefill, vLLM PR #45033) unless
 # its scenario says engine.attention_backend: triton (MI300X's Llama-3.3-70B series, serve_recipes.yaml).
 TRITON_ATTENTION_ARCHS = ("gfx9",)
+ATTENTION_BACKEND_KEYS = {"flash": "attention", "triton": "attention_triton"}
+"""The efficiency entry of each scenario `engine.attention_backend` other than 'auto'."""
 _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
                              "calibrated where rows of a model with attention sinks on this GPU exist")
 _MOE_TOKEN_DEFAULT = ("none: a TP-independent cost per routed token (token x expert) of MoE layers is not assumed "
@@ -768,9 +770,10 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                 fail(key, f"has unit '{record.unit}' but the key is in {expected}")
 
 
-def _with_default_triton_attention(provenance: Mapping[str, Sourced]) -> dict[str, Sourced]:
-    """`provenance` with `efficiency.attention_triton` at the `attention` value where the profile gives none (or
-    gave none before an override or a refit of `attention`): an entry that follows `attention` until one is stated."""
+def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, Sourced]:
+    """`provenance` with the optional efficiency entries a profile may leave out: `moe_token_overhead_ns` at 0, and
+    `attention_triton` at the `attention` value where the profile gives none (or gave none before an override or a
+    refit of `attention`): an entry that follows `attention` until one is stated."""
     out = dict(provenance)
     if "efficiency.moe_token_overhead_ns" not in out and "efficiency.attention" in out:
         out["efficiency.moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_MOE_TOKEN_DEFAULT,
@@ -786,7 +789,7 @@ def _with_default_triton_attention(provenance: Mapping[str, Sourced]) -> dict[st
 def _profile_from_provenance(
     name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str
 ) -> GpuProfile:
-    provenance = _with_default_triton_attention(provenance)
+    provenance = _with_optional_efficiencies(provenance)
 
     def values(prefix: str, order: tuple[str, ...]) -> dict[str, float]:
         return {k: float(provenance[f"{prefix}.{k}"].value) for k in order if f"{prefix}.{k}" in provenance}
