@@ -1,6 +1,7 @@
 """Screen step-cost variants by cross-validation in minutes: record a GPU's rows once, then re-price.
 
     python scripts/screen_cost_terms.py MI300X [--variant NAME=PROFILE.yaml ...] [--cache DIR] [--workers 2]
+        [--hold KEY] [--fit KEY] [--out-prefix PREFIX] [--no-cv]
 
 `capacity calibrate` re-simulates every row at each fit (two rounds, then once per leave-one-model-out
 fold): exact, and 13-22 minutes per GPU on two cores. To compare several cost terms (the ablation of
@@ -31,7 +32,7 @@ import pandas as pd
 from capacity.cost import step_cost
 from capacity.fidelity import calibrate as cal
 from capacity.fidelity.serving import default_files
-from capacity.inputs.hardware import load_gpu
+from capacity.inputs.hardware import load_gpu, save_profile
 from capacity.measurements import readers
 
 METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
@@ -89,10 +90,12 @@ def _constant(text: str, kind: type):
     return kind(text)
 
 
-def screen(recs, profile_ref: str, prior_weight) -> dict:
+def screen(recs, profile_ref: str, prior_weight, hold: tuple[str, ...] = (), fit_also: tuple[str, ...] = (),
+           out: str | None = None, cross_validate: bool = True) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
     set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards; `eff.KEY=V` adds an efficiency
-    entry the profile lacks (e.g. eff.kv_read=0.6), held at V."""
+    entry the profile lacks (e.g. eff.kv_read=0.6), held at V. `hold` and `fit_also` as `capacity calibrate --hold`
+    / `--fit`; `out` writes the full fit as a profile (no cross-validation with `cross_validate` False)."""
     profile_ref, *sets = profile_ref.split(";")
     saved, extra = {}, {}
     try:
@@ -103,24 +106,30 @@ def screen(recs, profile_ref: str, prior_weight) -> dict:
                 continue
             saved[attr] = getattr(step_cost, attr)
             setattr(step_cost, attr, _constant(value, type(saved[attr])))
-        return _screen(recs, profile_ref, prior_weight, extra) | {"constants": sets}
+        return _screen(recs, profile_ref, prior_weight, extra, hold, fit_also, out, cross_validate) | {"constants": sets}
     finally:
         for attr, value in saved.items():
             setattr(step_cost, attr, value)
 
 
-def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None = None) -> dict:
+def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None = None, hold: tuple[str, ...] = (),
+            fit_also: tuple[str, ...] = (), out: str | None = None, cross_validate: bool = True) -> dict:
     profile = load_gpu(profile_ref)
     pricers = [cal.Repricer(r, profile) for r in recs]
     start = dict(profile.efficiency) | (extra or {})
     keys, _ = cal.identifiable_keys(pricers, start)
+    keys = tuple(k for k in keys if k not in hold and (k not in cal.OPT_IN_KEYS or k in fit_also))
     fit_kw = {"prior": cal.prior_efficiencies(profile), "prior_weight": prior_weight}
     info: dict = {}
     t0 = time.time()
     fitted = cal.fit(pricers, start, keys, info=info, **fit_kw)
     print(f"    full fit: {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
-    lomo, lomo_fits = fold_out(pricers, fitted, keys, fit_kw, lambda p: p.rec.row["model"])
-    lotpo, _ = fold_out(pricers, fitted, keys, fit_kw, lambda p: int(p.cost.tp))
+    if out:
+        save_profile(profile, out, {k: fitted[k] for k in keys}, f"scripts/screen_cost_terms.py (re-priced), {profile_ref}")
+    lomo, lomo_fits, lotpo = pd.DataFrame(), {}, pd.DataFrame()
+    if cross_validate:
+        lomo, lomo_fits = fold_out(pricers, fitted, keys, fit_kw, lambda p: p.rec.row["model"])
+        lotpo, _ = fold_out(pricers, fitted, keys, fit_kw, lambda p: int(p.cost.tp))
     per_model = {}
     if not lomo.empty:
         for m, df in lomo.groupby("model"):
@@ -147,13 +156,20 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int)
     ap.add_argument("--prior-weight", action="append", default=[], metavar="[KEY=]W",
                     help="as `capacity calibrate --prior-weight` (W, or KEY=W per anchor; repeatable)")
+    ap.add_argument("--hold", action="append", default=[], metavar="KEY",
+                    help="as `capacity calibrate --hold`: keep KEY at the profile's value (repeatable)")
+    ap.add_argument("--fit", action="append", default=[], metavar="KEY",
+                    help="as `capacity calibrate --fit`: also fit this opt-in parameter (repeatable)")
+    ap.add_argument("--out-prefix", help="write each variant's full fit to PREFIX_NAME.yaml (a profile)")
+    ap.add_argument("--no-cv", action="store_true", help="the full fit only, no cross-validation")
     ap.add_argument("--json")
     args = ap.parse_args()
     recs = records(args.gpu, Path(args.cache), args.workers, args.max_rows)
     variants = ([] if args.no_shipped else [("shipped", args.gpu)]) + [tuple(v.split("=", 1)) for v in args.variant]
     results = []
     for name, ref in variants:
-        r = screen(recs, ref, cal.parse_prior_weight(args.prior_weight))
+        r = screen(recs, ref, cal.parse_prior_weight(args.prior_weight), tuple(args.hold), tuple(args.fit),
+                   f"{args.out_prefix}_{name}.yaml" if args.out_prefix else None, not args.no_cv)
         r["name"] = name
         results.append(r)
         print(f"{name:24} LOMO {fmt(r['lomo'])} | LOTPO {fmt(r['lotpo'])} | fitted {fmt(r['fit'])}", flush=True)

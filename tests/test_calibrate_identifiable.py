@@ -65,3 +65,15 @@ def test_one_group_gives_no_cross_validation():
     rows = [TpPricer(20.0, 1), TpPricer(21.0, 1)]
     start = {k: 0.5 for k in calibrate.FITTED_KEYS}
     assert calibrate.leave_one_group_out(rows, start, ("hbm",), {}, lambda ps, eff: ps, lambda p: p.cost.tp) == ([], {})
+
+
+def test_a_fitted_all_reduce_is_bounded_by_its_measured_ceiling_not_by_one():
+    # H200's NCCL NVLS bus bandwidth (479.98 GB/s, Azure ND H200 v5) beats its 450 GB/s NVLink: the fit may go there
+    # and no further; a fraction without such a measurement, and every overhead, keep their BOUNDS.
+    from capacity.fidelity.calibrate import BOUNDS, upper_bound
+    from capacity.inputs.hardware import load_gpu
+    h200, mi300x = load_gpu("H200"), load_gpu("MI300X")
+    assert upper_bound("allreduce", h200) == pytest.approx(479.98 / 450)
+    assert upper_bound("allreduce", mi300x) == 1.0
+    assert upper_bound("gemm", h200) == 1.0
+    assert upper_bound("layer_overhead_us", h200) == BOUNDS["layer_overhead_us"][1]

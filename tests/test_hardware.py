@@ -94,7 +94,7 @@ def test_efficiency_has_exactly_the_model_keys_and_fractions_are_in_range(name):
     profile = load_gpu(name)
     assert tuple(profile.efficiency) == EFFICIENCY_KEYS
     for key in FRACTIONS:
-        assert 0.0 < profile.efficiency[key] <= 1.0
+        assert 0.0 < profile.efficiency[key] <= profile.efficiency_ceiling(key)
     assert profile.efficiency["step_overhead_ms"] >= 0
     for k in EFFICIENCY_KEYS:
         record = profile.provenance[f"efficiency.{k}"]
@@ -176,11 +176,11 @@ MEASURED_RATIOS = {
     ("H100", "gemm"): 794.5 / 989,
     ("H100", "hbm"): 2.97 / 3.35,
     ("H100", "attention"): 327.9 / 989,
-    ("H100", "allreduce"): min(1.0, 478.87 / 450),  # NVLS busbw exceeds the link rate: capped at 1
+    ("H100", "allreduce"): 478.87 / 450,  # NVLS busbw exceeds the link rate (efficiency_ceiling)
     ("H200", "gemm"): 794.5 / 989,
     ("H200", "hbm"): 4.15 / 4.8,
     ("H200", "attention"): 329.3 / 989,
-    ("H200", "allreduce"): min(1.0, 479.98 / 450),
+    ("H200", "allreduce"): 479.98 / 450,
     ("B200", "gemm"): 1745 / 2250,
 }
 
@@ -379,6 +379,22 @@ def test_with_overrides_replaces_values_and_records_provenance():
     with_fp4 = base.with_overrides(peak_dense_tflops={"fp4": 5000})
     assert with_fp4.compute_dtype("w4a4") == "fp4"
     assert with_fp4.peak_tflops("w4a4") == 5000
+
+
+def test_allreduce_ceiling_is_the_measured_nvls_ratio_where_it_beats_the_links():
+    # Azure ND H200 v5 / H100 v5 NCCL NVLS all-reduce bus bandwidth at 8 GB (479.98 / 478.87 GB/s) against
+    # NVLink's 450 GB/s per GPU and direction: the in-switch reduction beats the link rate, so that ratio,
+    # not 1, is how far the efficiency can go. Every other fraction, and MI300X's all-reduce (316.82 of 448
+    # GB/s on a mesh), stays at 1.
+    assert load_gpu("H200").efficiency_ceiling("allreduce") == pytest.approx(479.98 / 450)
+    assert load_gpu("H100").efficiency_ceiling("allreduce") == pytest.approx(478.87 / 450)
+    assert load_gpu("MI300X").efficiency_ceiling("allreduce") == 1.0
+    assert load_gpu("H200").efficiency_ceiling("gemm") == 1.0
+    assert load_gpu("H200").with_overrides(efficiency={"allreduce": 1.05}).efficiency["allreduce"] == 1.05
+    with pytest.raises(CapacityError, match=r"'efficiency.allreduce' must be a fraction in \(0, 1.067\]"):
+        load_gpu("H200").with_overrides(efficiency={"allreduce": 1.1})
+    with pytest.raises(CapacityError, match=r"'efficiency.allreduce' must be a fraction in \(0, 1\]"):
+        load_gpu("MI300X").with_overrides(efficiency={"allreduce": 1.05})
 
 
 @pytest.mark.parametrize(

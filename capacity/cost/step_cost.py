@@ -140,6 +140,11 @@ STATE_SNAPSHOT_WRITE_EFFICIENCY = 0.25
 # at 1.9-2.7 TB/s at 64-256 sequences of 256-16k tokens against 4.2 TB/s for a plain 1-4 GiB read (0.46-0.65),
 # 2.1-4.4 TB/s at 1-16 sequences of 16-64k tokens.
 KV_READ_DEFAULT = 1.0
+# Whether the per-routed-token MoE time (`moe_token_overhead_ns`) is split over expert-parallel GPUs: True if it
+# is work on the tokens a GPU's own experts receive (the grouped GEMMs' tiles), False if every GPU does it for
+# all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
+# --variant "NAME=GPU;MOE_TOKEN_COST_SPLIT_BY_EP=True"); docs/seed_validation.md section 32.
+MOE_TOKEN_COST_SPLIT_BY_EP = False
 
 
 @dataclass(frozen=True)
@@ -778,7 +783,10 @@ class StepCostModel:
                 # work every TP rank repeats for every token and each expert it is routed to, in each MoE layer
                 # (routing, sorting, the tokens' gather and scatter; docs/seed_validation.md section 31): not
                 # divided by TP
-                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * n_tok * m.num_moe_layers * m.experts_per_token
+                routed = n_tok * m.num_moe_layers * m.experts_per_token
+                if MOE_TOKEN_COST_SPLIT_BY_EP:
+                    routed = routed / self.ep
+                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * routed
         snapshot = None
         if m.num_linear_attention_layers:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)

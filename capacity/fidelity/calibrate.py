@@ -475,6 +475,14 @@ def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, floa
     return np.asarray([w[k] * math.log(max(v, 1e-12) / prior[k]) for k, v in zip(keys, x) if k in prior])
 
 
+def upper_bound(key: str, gpu: GpuProfile | None) -> float:
+    """The upper bound of fitted parameter `key` on `gpu`: BOUNDS, and for a fraction efficiency its physical
+    ceiling (`GpuProfile.efficiency_ceiling`: 1, or the measured all-reduce ratio where NVLS exceeds the links)."""
+    if key in FRACTION_EFFICIENCY_KEYS and gpu is not None:
+        return gpu.efficiency_ceiling(key)
+    return BOUNDS[key][1]
+
+
 def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] = FITTED_KEYS,
         metrics: tuple[str, ...] = FIT_METRICS, info: dict[str, Any] | None = None,
         prior: dict[str, float] | None = None, prior_weight: float | Mapping[str, float] = PRIOR_WEIGHT,
@@ -486,11 +494,12 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
         raise CapacityError("no rows to calibrate on: give serving measurements for this GPU")
     if not keys:
         return dict(start)
+    gpu = getattr(pricers[0].cost, "gpu", None)    # None: a test's stand-in rows, bounded by BOUNDS
     lo = np.array([BOUNDS[k][0] for k in keys])
-    hi = np.array([BOUNDS[k][1] for k in keys])
+    hi = np.array([upper_bound(k, gpu) for k in keys])
     best = None
     for origin in (start, NEUTRAL_START) if neutral_start else (start,):
-        x0 = np.array([min(max(origin[k], BOUNDS[k][0]), BOUNDS[k][1]) for k in keys])
+        x0 = np.array([min(max(origin[k], BOUNDS[k][0]), upper_bound(k, gpu)) for k in keys])
         sol = least_squares(_fit_residuals, x0, bounds=(lo, hi),
                             args=(keys, start, pricers, metrics, _active_prior(prior, prior_weight), prior_weight),
                             loss="soft_l1", f_scale=F_SCALE, x_scale=np.maximum(x0, 1e-2))
@@ -500,7 +509,8 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     if info is not None:
         info["converged"] = bool(sol.success)
         info["message"] = str(sol.message)
-        info["at_bound"] = [k for k, v in zip(keys, sol.x) if v >= BOUNDS[k][1] * (1 - 1e-3)]
+        info["at_bound"] = [k for k, v in zip(keys, sol.x) if v >= upper_bound(k, gpu) * (1 - 1e-3)]
+        info["upper_bounds"] = {k: upper_bound(k, gpu) for k in keys}
         info["at_floor"] = [k for k, v in zip(keys, sol.x) if v <= BOUNDS[k][0] + FLOOR_TOLERANCE.get(k, 1e-3 * BOUNDS[k][0])]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})
@@ -871,7 +881,7 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
     result.warnings.extend(_repricing_warnings(result.repriced_train_errors, result.train_errors))
     if not info.get("converged", True):
         result.warnings.append(f"the fit did not converge ({info.get('message')}); check the runs and the errors")
-    result.warnings.extend(_bound_warning(k, "upper") for k in info.get("at_bound", []))
+    result.warnings.extend(_bound_warning(k, "upper", info["upper_bounds"][k]) for k in info.get("at_bound", []))
     result.warnings.extend(_bound_warning(k, "floor") for k in info.get("at_floor", []))
     if test:
         result.holdout_errors = _tables(predictions(test, fitted))
@@ -879,7 +889,7 @@ def _report_errors(result: CalibrationResult, fitted: dict[str, float], fitted_o
 
 
 _BOUND_WARNINGS = {
-    ("upper", True): "{k} landed on its bound {v:g} (would exceed 1 = peak): the runs are faster than the model allows; "
+    ("upper", True): "{k} landed on its bound {v:g} (past it the kernels would outrun the spec or measurement it is a fraction of): the runs are faster than the model allows; "
                      "check the GPU, TP, precision and model of the runs",
     ("upper", False): "{k} landed on its upper bound {v:g} (a failed fit: larger than the mechanism it stands for "
                       "allows); the runs are slower than the model explains",
@@ -890,9 +900,10 @@ _BOUND_WARNINGS = {
 }
 
 
-def _bound_warning(key: str, side: str) -> str:
-    """The warning for a fitted value on its upper bound or its floor (`BOUNDS`)."""
-    value = BOUNDS[key][1 if side == "upper" else 0]
+def _bound_warning(key: str, side: str, value: float | None = None) -> str:
+    """The warning for a fitted value on its upper bound or its floor (`BOUNDS`; `value`: the bound in force)."""
+    if value is None:
+        value = BOUNDS[key][1 if side == "upper" else 0]
     return _BOUND_WARNINGS[side, key in FRACTION_EFFICIENCY_KEYS].format(k=key, v=value)
 
 

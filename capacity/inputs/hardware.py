@@ -38,7 +38,8 @@ EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_tri
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
 FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce")
-"""The efficiency keys that are fractions in (0, 1]; the others are overheads (>= 0)."""
+"""The efficiency keys that are fractions in (0, 1] (`allreduce` up to its measured ceiling,
+`efficiency_ceiling`); the others are overheads (>= 0)."""
 
 PEAK_DTYPES = ("bf16", "fp8", "fp6", "fp4")
 """Tensor-core data types a profile may list under `peak_dense_tflops` (bf16 is required)."""
@@ -235,6 +236,10 @@ class GpuProfile:
         gpu_memory_utilization): `hbm_runtime_gib` where the profile states it, else the vendor's
         `hbm_capacity_gb` read as 1e9 bytes."""
         return self.hbm_runtime_gib * 2 ** 30 if self.hbm_runtime_gib else self.hbm_capacity_gb * 1e9
+
+    def efficiency_ceiling(self, key: str) -> float:
+        """The largest value fraction efficiency `key` can physically take (`efficiency_ceiling`)."""
+        return efficiency_ceiling(key, self.provenance)
 
     def gemm_ceiling(self, dtype: str) -> float:
         """Measured max-achievable GEMM rate over dense peak of the compute dtype a GEMM on `dtype`
@@ -718,6 +723,19 @@ def _measured_scale(key: str, own: Mapping[str, Sourced], sibling: GpuProfile) -
     return None
 
 
+def efficiency_ceiling(key: str, provenance: Mapping[str, Sourced]) -> float:
+    """The largest value fraction efficiency `key` can take: 1 (the spec it is a fraction of), except `allreduce` on
+    a GPU whose measured all-reduce bus bandwidth exceeds its scale-up link bandwidth: NVLS reduces inside the
+    NVSwitch, so NCCL's bus bandwidth beats the links (H200 479.98 against 450 GB/s), and that measured ratio is the
+    ceiling. A ceiling of 1 there would put the fit's `allreduce` on a bound it has no physical reason for."""
+    if key != "allreduce":
+        return 1.0
+    busbw, link = provenance.get("measured.allreduce_busbw_gb_s"), provenance.get("scaleup_bandwidth_gb_s")
+    if busbw is None or link is None or link.value <= 0:
+        return 1.0
+    return max(1.0, busbw.value / link.value)
+
+
 def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bool = False) -> None:
     """Raise CapacityError naming `where` and the dotted key for the first value out of its range."""
 
@@ -746,8 +764,10 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
         if group == "efficiency" and sub not in EFFICIENCY_KEYS:
             fail(key, f"is not an efficiency parameter (use {', '.join(EFFICIENCY_KEYS)})")
         if group == "efficiency" and sub in FRACTION_EFFICIENCY_KEYS:
-            if not 0.0 < value <= 1.0:
-                fail(key, f"must be a fraction in (0, 1], got {value:g}")
+            ceiling = efficiency_ceiling(sub, provenance)
+            if not 0.0 < value <= ceiling * (1 + 1e-9):
+                fail(key, f"must be a fraction in (0, {ceiling:.4g}], got {value:g}"
+                          + (" (its measured ceiling: all-reduce bus bandwidth / scale-up bandwidth)" if ceiling > 1 else ""))
         elif group == "gemm_curve":
             if value < 0:
                 fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
