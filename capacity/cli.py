@@ -290,8 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep this efficiency parameter at the profile's value instead of fitting it, e.g. "
                         "--hold prompt_token_overhead_us (repeatable; an ablation of one cost term)")
     c.add_argument("--fit", action="append", default=[], metavar="KEY",
-                   help="also fit this opt-in parameter, e.g. --fit moe_token_overhead_ns (a term screened "
-                        "but not shipped; repeatable)")
+                   help="also fit this opt-in parameter, e.g. --fit moe_token_overhead_ns (a term not every profile "
+                        "ships; one the profile already has is fitted without it; repeatable)")
     c.add_argument("--no-cross-validation", action="store_true",
                    help="fit only: skip leave-one-model-out and leave-one-TP-size-out (about half the time)")
     c.add_argument("--json", action="store_true")

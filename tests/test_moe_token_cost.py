@@ -30,3 +30,26 @@ def test_a_dense_model_pays_none():
     gpu = load_gpu("MI355X").with_overrides(efficiency={"moe_token_overhead_ns": 500.0})
     base = StepCostModel(load_gpu("MI355X"), model, 2).forward([TOKENS], [TOKENS]).total_s
     assert StepCostModel(gpu, model, 2).forward([TOKENS], [TOKENS]).total_s == base
+
+
+def test_expert_parallelism_does_not_split_it():
+    # vLLM's TP + EP without DP routes every token on every GPU (top-k, sorting, the expert map) and only the grouped
+    # GEMMs skip other GPUs' experts; MI355X's EP2/4/8 rows fit worse with the cost split by EP (docs section 32)
+    model = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="fp8")
+    base = load_gpu("MI355X")
+    with_cost = base.with_overrides(efficiency={"moe_token_overhead_ns": 500.0})
+    expected = 500e-9 * TOKENS * model.experts_per_token * model.num_moe_layers
+
+    def moe(gpu):
+        return StepCostModel(gpu, model, 8, expert_parallel=True).forward([TOKENS], [TOKENS]).parts_s["moe_gemm"]
+    assert moe(with_cost) - moe(base) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_profile_that_ships_the_term_refits_it_without_being_asked():
+    from capacity.fidelity.calibrate import opt_in_keys_fitted
+    keys = ("gemm", "moe_token_overhead_ns")
+    why: dict[str, str] = {}
+    assert opt_in_keys_fitted(keys, (), load_gpu("H200").efficiency, why) == keys      # H200 ships it (fitted)
+    assert opt_in_keys_fitted(keys, (), load_gpu("MI355X").efficiency, why) == ("gemm",)   # MI355X has none: opt-in
+    assert "--fit" in why["moe_token_overhead_ns"]
+    assert opt_in_keys_fitted(keys, ("moe_token_overhead_ns",), load_gpu("MI355X").efficiency, {}) == keys

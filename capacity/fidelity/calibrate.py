@@ -81,7 +81,8 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US), "moe_token_overhead_ns": (0.0, 5000.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
-# Fitted only when asked for (`--fit KEY`): terms screened but not shipped (docs/seed_validation.md section 31).
+# Fitted only when asked for (`--fit KEY`) or where the profile already has a nonzero value: terms some profiles ship
+# (H100, H200) and others do not (docs/seed_validation.md sections 31-32).
 OPT_IN_KEYS = ("moe_token_overhead_ns",)
 # How close to its lower bound a fitted value counts as on it: overheads (floor 0) within 1e-3 of their unit
 # (a nanosecond-scale host time is no time), fractions within 0.1 % of their floor
@@ -475,6 +476,17 @@ def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, floa
     return np.asarray([w[k] * math.log(max(v, 1e-12) / prior[k]) for k, v in zip(keys, x) if k in prior])
 
 
+def opt_in_keys_fitted(keys: tuple[str, ...], fit_also: tuple[str, ...], start: Mapping[str, float],
+                       not_fitted: dict[str, str]) -> tuple[str, ...]:
+    """`keys` without the OPT_IN_KEYS nobody asked for (`--fit`) and the profile has no value of (0), each with its
+    reason in `not_fitted`: a profile that ships the term (H100, H200) refits it with the plain command."""
+    for k in OPT_IN_KEYS:
+        if k in keys and k not in fit_also and not start.get(k):
+            keys = tuple(x for x in keys if x != k)
+            not_fitted[k] = "fitted only with --fit or where the profile already has a value (a term not every profile ships)"
+    return keys
+
+
 def upper_bound(key: str, gpu: GpuProfile | None) -> float:
     """The upper bound of fitted parameter `key` on `gpu`: BOUNDS, and for a fraction efficiency its physical
     ceiling (`GpuProfile.efficiency_ceiling`: 1, or the measured all-reduce ratio where NVLS exceeds the links)."""
@@ -705,10 +717,7 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
         if k in keys:
             keys = tuple(x for x in keys if x != k)
             not_fitted[k] = "held at the profile's value (--hold)"
-    for k in OPT_IN_KEYS:
-        if k in keys and k not in fit_also:
-            keys = tuple(x for x in keys if x != k)
-            not_fitted[k] = "fitted only with --fit (a screened term, not shipped)"
+    keys = opt_in_keys_fitted(keys, fit_also, start, not_fitted)
     if rounds is None:
         rounds = 2 if (has_request_delay(start) or any(p.rec.open_loop for p in pricers)) else 1
     prior = prior_efficiencies(profile)
