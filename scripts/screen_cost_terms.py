@@ -118,7 +118,7 @@ def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None
     pricers = [cal.Repricer(r, profile) for r in recs]
     start = dict(profile.efficiency) | (extra or {})
     keys, _ = cal.identifiable_keys(pricers, start)
-    keys = tuple(k for k in keys if k not in hold and (k not in cal.OPT_IN_KEYS or k in fit_also or start.get(k)))
+    keys = cal.opt_in_keys_fitted(tuple(k for k in keys if k not in hold), fit_also, start, {})
     fit_kw = {"prior": cal.prior_efficiencies(profile), "prior_weight": prior_weight}
     info: dict = {}
     t0 = time.time()

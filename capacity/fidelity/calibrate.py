@@ -511,7 +511,7 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     hi = np.array([upper_bound(k, gpu) for k in keys])
     best = None
     for origin in (start, NEUTRAL_START) if neutral_start else (start,):
-        x0 = np.array([min(max(origin[k], BOUNDS[k][0]), upper_bound(k, gpu)) for k in keys])
+        x0 = np.clip([origin[k] for k in keys], lo, hi)
         sol = least_squares(_fit_residuals, x0, bounds=(lo, hi),
                             args=(keys, start, pricers, metrics, _active_prior(prior, prior_weight), prior_weight),
                             loss="soft_l1", f_scale=F_SCALE, x_scale=np.maximum(x0, 1e-2))
@@ -521,8 +521,8 @@ def fit(pricers: list[Repricer], start: dict[str, float], keys: tuple[str, ...] 
     if info is not None:
         info["converged"] = bool(sol.success)
         info["message"] = str(sol.message)
-        info["at_bound"] = [k for k, v in zip(keys, sol.x) if v >= upper_bound(k, gpu) * (1 - 1e-3)]
-        info["upper_bounds"] = {k: upper_bound(k, gpu) for k in keys}
+        info["at_bound"] = [k for k, v, h in zip(keys, sol.x, hi) if v >= h * (1 - 1e-3)]
+        info["upper_bounds"] = dict(zip(keys, hi.tolist()))
         info["at_floor"] = [k for k, v in zip(keys, sol.x) if v <= BOUNDS[k][0] + FLOOR_TOLERANCE.get(k, 1e-3 * BOUNDS[k][0])]
     fitted = dict(start)
     fitted.update({k: float(v) for k, v in zip(keys, sol.x)})

@@ -689,7 +689,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
         if scaled is not None:
             factor, why = scaled
-            value = min(1.0, old.value * factor)
+            value = min(efficiency_ceiling(key, own), old.value * factor)
             note += f" Scaled by {factor:.4g} = {why}."
         out[f"efficiency.{key}"] = Sourced(
             value=value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({old.basis})",
@@ -724,16 +724,14 @@ def _measured_scale(key: str, own: Mapping[str, Sourced], sibling: GpuProfile) -
 
 
 def efficiency_ceiling(key: str, provenance: Mapping[str, Sourced]) -> float:
-    """The largest value fraction efficiency `key` can take: 1 (the spec it is a fraction of), except `allreduce` on
-    a GPU whose measured all-reduce bus bandwidth exceeds its scale-up link bandwidth: NVLS reduces inside the
-    NVSwitch, so NCCL's bus bandwidth beats the links (H200 479.98 against 450 GB/s), and that measured ratio is the
-    ceiling. A ceiling of 1 there would put the fit's `allreduce` on a bound it has no physical reason for."""
-    if key != "allreduce":
-        return 1.0
-    busbw, link = provenance.get("measured.allreduce_busbw_gb_s"), provenance.get("scaleup_bandwidth_gb_s")
-    if busbw is None or link is None or link.value <= 0:
-        return 1.0
-    return max(1.0, busbw.value / link.value)
+    """The largest value fraction efficiency `key` can take: 1 (the spec it is a fraction of), or the profile's own
+    microbenchmark over that spec (`_MEASURED_FOR`) where the measurement beats the spec. That happens for the
+    all-reduce on an NVSwitch: NVLS reduces inside the switch, so NCCL's bus bandwidth beats the links (H200 479.98
+    against 450 GB/s), and a ceiling of 1 there would put the fit's `allreduce` on a bound it has no physical reason for."""
+    ratios = [provenance[m].value / provenance[spec].value for m, spec in
+              ((f"measured.{measured}", spec) for measured, spec in _MEASURED_FOR.get(key, ()))
+              if m in provenance and spec in provenance and provenance[spec].value > 0]
+    return max([1.0, *ratios])
 
 
 def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bool = False) -> None:
