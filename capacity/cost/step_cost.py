@@ -60,6 +60,18 @@ decode or prefill step is priced as before):
   verified position outside the roofline: attention tiles that re-read a sequence's KV once per
   BLOCK_Q query tokens (vLLM's triton unified attention), grouped-GEMM tile padding, the
   rejection sampler's passes over full-vocabulary logits.
+* Query-tile padding of vLLM's ROCM_ATTN backend (`attention_backend="rocm"`; the ROCm default from
+  vLLM 0.19 where no `--attention-backend` is given, docs/seed_validation.md §33). Every sequence with
+  more than one query token (a prompt chunk, or a verification step's 1 + N tokens) goes through the
+  Triton prefix-prefill kernel (vllm/v1/attention/ops/chunked_prefill_paged_decode.py:
+  `max_query_len > 1` -> `context_attention_fwd`), whose grid is (sequences, query heads,
+  cdiv(query tokens, BLOCK_M)) with BLOCK_M = 128 for power-of-two KV block sizes and 32 otherwise
+  (vllm/v1/attention/ops/prefix_prefill.py `context_attention_fwd`; hybrid models' KV blocks are
+  enlarged to the recurrent state's page, e.g. Qwen3.5's 784 and 1,056 tokens, so 32). Each of a
+  tile's BLOCK_M rows walks the sequence's cached context, so a 1 + N-token verification costs the
+  attention FLOPs of BLOCK_M query tokens over that context (`query_tile_padding_flops`), at the
+  Triton kernels' efficiency `attention_triton`. One-token (decode) sequences take the paged decode
+  kernel and pay nothing extra.
 * Shape-dependent GEMM efficiency (opt-in per hardware profile: its `gemm_curve` section). Without
   it every GEMM runs at one fraction `gemm` of peak. With it a GEMM call of W FLOPs (per GPU) of
   compute dtype d reaches gemm x ceiling_d x W / (W + W_half_d) of peak: ceiling_d is the measured
@@ -417,6 +429,41 @@ class TokenTable:
         return [values[c] for c in tokens]
 
 
+# BLOCK_M of vLLM's prefix-prefill kernel (ROCM_ATTN's path for multi-token queries; module docstring):
+# vllm/v1/attention/ops/prefix_prefill.py `context_attention_fwd` (BLOCK_M = 128, BLOCK_N = 64 for a
+# power-of-two KV block size; 32 and 32 otherwise)
+ROCM_ATTN_QUERY_TILE = 128
+ROCM_ATTN_QUERY_TILE_NON_POW2_BLOCK = 32
+
+
+def rocm_attn_query_tile(model: "ModelArch") -> int:
+    """BLOCK_M of ROCM_ATTN's prefix-prefill kernel for `model`: 32 where vLLM enlarges the KV block to a
+    hybrid model's recurrent-state page (not a power of two: Qwen3.5's 784 and 1,056 tokens, per the
+    comment in vllm/v1/attention/backends/rocm_attn.py `get_supported_kernel_block_sizes`), else 128;
+    0 for an MLA model, which vLLM serves on its MLA backends, never on ROCM_ATTN."""
+    if model.uses_mla:
+        return 0
+    return ROCM_ATTN_QUERY_TILE_NON_POW2_BLOCK if model.num_linear_attention_layers else ROCM_ATTN_QUERY_TILE
+
+
+def query_tile_padding_flops(model: "ModelArch", new_tokens, context_tokens, tile: int):
+    """Attention FLOPs a query-tiled prefill kernel spends on the padding rows of its last tile, per
+    sequence: a sequence of n > 1 query tokens at context c (the n included) runs ceil(n / tile) tiles of
+    `tile` rows, and each padding row walks the c - n cached tokens of every full-attention layer
+    (min(c - n, window) of a sliding one) like a real query token. 0 for n <= 1 (the decode kernel) or
+    tile 0. Scalars in, a float out; arrays in, an array out."""
+    if not tile:
+        return 0.0 if np.ndim(new_tokens) == 0 else np.zeros(np.shape(new_tokens))
+    n = np.asarray(new_tokens, dtype=np.float64)
+    c = np.asarray(context_tokens, dtype=np.float64)
+    pad = np.where(n > 1.0, np.ceil(n / tile) * tile - n, 0.0)
+    prefix = np.maximum(c - n, 0.0)
+    out = model.attn_flops_per_token_per_ctx * pad * prefix
+    if model.swa_attn_flops_per_token_per_ctx:
+        out = out + model.swa_attn_flops_per_token_per_ctx * pad * np.minimum(prefix, model.sliding_window)
+    return float(out) if np.ndim(out) == 0 else out
+
+
 class AttentionTables:
     """`arch.attention_flops` and `arch.kv_read_bytes` per sequence from TokenTables: decode-width
     chunks (q <= MAX_CHUNK tokens at context c), whole-prompt chunks (q = c) and KV bytes at c.
@@ -427,10 +474,11 @@ class AttentionTables:
     SCALAR_REST = 16   # up to this many sequences off the tables are priced one by one in Python floats
     MAX_ROWS = 32
 
-    def __init__(self, arch: ModelArch):
+    def __init__(self, arch: ModelArch, query_tile: int = 0):
         self.arch = arch
+        self.query_tile = int(query_tile)   # ROCM_ATTN's BLOCK_M (query_tile_padding_flops); 0: no padding
         self.kv = TokenTable(arch.kv_read_bytes)
-        self._whole = TokenTable(lambda c: arch.attention_flops(c, c))
+        self._whole = TokenTable(lambda c: arch.attention_flops(c, c))   # no cached prefix: no padding
         self._chunk: dict[int, TokenTable] = {}
         self._chunk_lists: dict[int, list] = {}   # the decode-width tables' lists (TokenTable.lookup), by width
 
@@ -439,9 +487,16 @@ class AttentionTables:
         table = self._chunk.get(q)
         if table is None:
             def fn(c: np.ndarray, q: int = q) -> np.ndarray:
-                return np.where(c >= q, self.arch.attention_flops(np.full(c.shape, q), np.maximum(c, q)), np.nan)
+                return np.where(c >= q, self.attention_flops(np.full(c.shape, q), np.maximum(c, q)), np.nan)
             table = self._chunk[q] = TokenTable(fn)
         return table
+
+    def attention_flops(self, new_tokens, context_tokens):
+        """arch.attention_flops plus the query-tile padding of the attention kernel (`query_tile`)."""
+        flops = self.arch.attention_flops(new_tokens, context_tokens)
+        if self.query_tile:
+            flops = flops + query_tile_padding_flops(self.arch, new_tokens, context_tokens, self.query_tile)
+        return flops
 
     def sums(self, new_tokens: list[int] | int, context_tokens: list[int]) -> tuple[float, float]:
         """(attention FLOPs, KV bytes read) summed over a few sequences (Python whole numbers; new_tokens
@@ -464,7 +519,7 @@ class AttentionTables:
                 return self.chunk(new_tokens)[context_tokens]
             new_tokens = np.full(len(context_tokens), new_tokens)
         if len(new_tokens) > self.MAX_ROWS:
-            return self.arch.attention_flops(new_tokens, context_tokens)
+            return self.attention_flops(new_tokens, context_tokens)
         # a few sequences: looked up in plain Python (the tables' own values), one array at the end
         return np.array(self._per_seq_flops(new_tokens.tolist(), context_tokens.tolist()))
 
@@ -509,12 +564,14 @@ class AttentionTables:
             except (TypeError, IndexError):                         # no list yet, or c beyond it
                 out.append(table.lookup([c])[0])
         if 0 < len(rest) <= self.SCALAR_REST:   # a step's few prompt chunks: plain floats, same bits
-            one = self.arch.attention_flops_one
+            one, tile = self.arch.attention_flops_one, self.query_tile
             for i in rest:
                 out[i] = one(new_tokens[i], context_tokens[i])
+                if tile:
+                    out[i] += query_tile_padding_flops(self.arch, new_tokens[i], context_tokens[i], tile)
         elif rest:
-            direct = self.arch.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
-                                               np.array([context_tokens[i] for i in rest], dtype=np.int64))
+            direct = self.attention_flops(np.array([new_tokens[i] for i in rest], dtype=np.int64),
+                                          np.array([context_tokens[i] for i in rest], dtype=np.int64))
             for i, v in zip(rest, np.asarray(direct, dtype=float).tolist()):
                 out[i] = v
         if any(self._chunk_lists.get(q) is not t._list for q, t in chunk.items() if q <= max_chunk):
@@ -595,6 +652,8 @@ class StepCostModel:
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])
+        # ROCM_ATTN pads every multi-token query to its prefix-prefill kernel's tile (module docstring)
+        query_tile = rocm_attn_query_tile(model) if attention_backend == "rocm" else 0
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
@@ -614,7 +673,7 @@ class StepCostModel:
         self._expert_call_s = expert_calls * gpu.gemm_call_us * 1e-6
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
-        self.tables = AttentionTables(model)
+        self.tables = AttentionTables(model, query_tile)
         self._shape_memo: dict[tuple[int, int], tuple] = {}   # decode_parts' constants per batch shape
 
     # ------------------------------------------------------------------ features
@@ -647,7 +706,7 @@ class StepCostModel:
         if whole:
             attn, kv = self.tables.flops(new_tokens, context_tokens), self.tables.kv[context_tokens]
         elif n:
-            attn, kv = self.model.attention_flops(new_tokens, context_tokens), self.model.kv_read_bytes(context_tokens)
+            attn, kv = self.tables.attention_flops(new_tokens, context_tokens), self.model.kv_read_bytes(context_tokens)
         return StepFeatures(
             num_tokens=float(int_sum(new_tokens) if whole else new_tokens.sum()),
             num_seqs=float(n),
@@ -666,7 +725,7 @@ class StepCostModel:
         if context_tokens.dtype.kind in "iu" and isinstance(tokens_per_seq, (int, np.integer)):
             attn, kv = self.tables.chunk(int(tokens_per_seq))[context_tokens], self.tables.kv[context_tokens]
         else:
-            attn = m.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)
+            attn = self.tables.attention_flops(np.full(context_tokens.shape, tokens_per_seq), context_tokens)
             kv = m.kv_read_bytes(context_tokens)
         # the batch is the same in every step: only attention varies (the rest is one value for all)
         return StepFeatures(

@@ -101,9 +101,12 @@ TRANSFERRED_BASIS = "transferred from"
 # MI355X set VLLM_USE_AITER_UNIFIED_ATTENTION=1 with VLLM_ROCM_USE_AITER_MHA=0 (capacity/data/measurements/
 # serve_recipes.yaml). Its efficiency is `attention_triton`. Any other model is priced on the flash-attention kernels
 # (`attention`: ROCM_AITER_FA for MHA/GQA, the CK-tile FlashAttention fallback for MLA prefill, vLLM PR #45033) unless
-# its scenario says engine.attention_backend: triton (MI300X's Llama-3.3-70B series, serve_recipes.yaml).
+# its scenario says engine.attention_backend: triton (MI300X's Llama-3.3-70B series, serve_recipes.yaml) or rocm
+# (vLLM's ROCM_ATTN, the ROCm default from vLLM 0.19 where no --attention-backend is given: its multi-token queries run
+# a Triton prefix-prefill kernel, so `attention_triton` too, with the query-tile padding capacity/cost/step_cost.py
+# prices; the seed article's Qwen targets, capacity/data/measurements/seed_serve_flags.yaml).
 TRITON_ATTENTION_ARCHS = ("gfx9",)
-ATTENTION_BACKEND_KEYS = {"flash": "attention", "triton": "attention_triton"}
+ATTENTION_BACKEND_KEYS = {"flash": "attention", "triton": "attention_triton", "rocm": "attention_triton"}
 """The efficiency entry of each scenario `engine.attention_backend` other than 'auto'."""
 _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (the FlashAttention kernels' efficiency); "
                              "calibrated where rows of a model with attention sinks on this GPU exist")
@@ -309,10 +312,19 @@ class GpuProfile:
 
     def attention_efficiency_key(self, model: Any) -> str:
         """The efficiency entry for `model`'s attention FLOPs on this GPU: `attention_triton` where vLLM runs its
-        Triton unified-attention kernel (a model with attention sinks on ROCm, TRITON_ATTENTION_ARCHS), `attention`
-        (the flash-attention kernels) everywhere else."""
+        Triton unified-attention kernel, `attention` (the flash-attention kernels) everywhere else. Triton runs
+        a model with attention sinks on ROCm (TRITON_ATTENTION_ARCHS), and a model whose full-attention layers
+        have another head size than its sliding ones (Gemma 4: 512 and 256) on any GPU: vLLM forces TRITON_ATTN
+        for all its layers when no backend is named, because FlashAttention and ROCM_ATTN take head sizes up to
+        256 (vllm/model_executor/models/config.py `Gemma4Config.verify_and_update_config`; newer vLLM picks
+        FA4 instead where it is available). A profile without `attention_triton` prices it at `attention`."""
         rocm = any(a in self.architecture for a in TRITON_ATTENTION_ARCHS)
-        return "attention_triton" if rocm and getattr(model, "attention_sinks", False) else "attention"
+        if rocm and getattr(model, "attention_sinks", False):
+            return "attention_triton"
+        full, sliding = getattr(model, "full_head_dim", 0), getattr(model, "head_dim", 0)
+        if full and sliding and full != sliding and getattr(model, "num_sliding_attention_layers", 0):
+            return "attention_triton"
+        return "attention"
 
     def moe_efficiency_key(self, expert_weight_dtype: str) -> str:
         """The efficiency entry that scales the weight streaming of expert (MoE) GEMMs on weights of this

@@ -123,12 +123,15 @@ class Engine(_Strict):
                             "(MI300X, MI325X, MI350X, MI355X) at TP 2, 4 or 8, all-reduces of at least 1-16 MiB "
                             "(vLLM's _QR_MIN_SIZE table) go through QuickReduce's two-shot with their bytes quantized "
                             "(int4: 0.28 of the 16-bit bytes); ignored on other GPUs, as vLLM ignores it")
-    attention_backend: Literal["auto", "flash", "triton"] = Field(
+    attention_backend: Literal["auto", "flash", "triton", "rocm"] = Field(
         "auto", description="the attention kernel family vLLM runs: 'flash' (FlashAttention / CK / AITER FA / "
                             "FlashInfer kernels, efficiency.attention), 'triton' (vLLM's Triton unified-attention "
-                            "kernel, efficiency.attention_triton), 'auto': vLLM's choice as the simulator knows it "
-                            "(triton for a model with attention sinks on ROCm, flash otherwise; "
-                            "GpuProfile.attention_efficiency_key)")
+                            "kernel, efficiency.attention_triton), 'rocm' (vLLM's ROCM_ATTN, the ROCm default from "
+                            "vLLM 0.19 when --attention-backend is not given: prompt chunks and speculative "
+                            "verification run a Triton prefix-prefill kernel that pads each sequence's queries to "
+                            "128 rows, 32 on hybrid models; efficiency.attention_triton), 'auto': vLLM's choice as "
+                            "the simulator knows it (triton for a model with attention sinks on ROCm, flash "
+                            "otherwise; GpuProfile.attention_efficiency_key)")
     activation_reserve_gb: float | None = Field(
         None, ge=0,
         description="per-GPU memory besides the weights that vLLM's start-up profiling takes from the KV cache "

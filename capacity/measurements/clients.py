@@ -8,7 +8,8 @@
   carry (KV-cache dtype, batched-token budget, async scheduling), read from the series' published
   benchmark script (`serve_recipe`);
 * the seed article's speedup rows: SEED_WORKLOAD, the request shape its client is assumed to have
-  sent, and seed_serve_flags.yaml, the serve command's model runner per target (`model_runner`).
+  sent, and seed_serve_flags.yaml, the serve command's model runner and attention backend per target
+  (`model_runner`, `attention_backend`).
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ def model_runner(row: dict[str, Any]) -> str:
     if isinstance(value, str) and value.strip():
         return value.strip().lower()
     return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
+
+
+def attention_backend(row: dict[str, Any]) -> str:
+    """The attention backend a seed-article row's target ran (a scenario's engine.attention_backend): the
+    target's `attention_backend` in `seed_serve_flags.yaml`, else "auto"."""
+    return str(_serve_flags().get(str(row.get("target")), {}).get("attention_backend", "auto"))
 
 
 @lru_cache(maxsize=1)

@@ -218,7 +218,8 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
         tpot_limit = min(tpot_limit, 1.0 / user_min)
     steps_per_request = mean_output / tau
     b = np.unique(np.round(np.geomspace(1, max(sc.engine.max_num_seqs, 1), 48)))
-    decode_attn = float(m.attention_flops(np.array([1.0 + k]), np.array([ctx + 1 + k]))[0])
+    attention_flops = cost.tables.attention_flops   # the model's, with the backend's query-tile padding
+    decode_attn = float(attention_flops(np.array([1.0 + k]), np.array([ctx + 1 + k]))[0])
     decode_kv = float(m.kv_read_bytes(np.array([ctx + 1 + k]))[0])
 
     def step(prefill: np.ndarray) -> np.ndarray:
@@ -227,7 +228,7 @@ def analytic_max_rate(scenario_dict: dict[str, Any], slos: list, mean_prompt: fl
         pre_ctx = np.maximum(mean_prompt, chunk)
         has = prefill > 0
         f = StepFeatures(num_tokens=b * (1 + k) + prefill, num_seqs=b + has, num_sampled=b * (1 + k) + has,
-                         attn_flops=b * decode_attn + has * m.attention_flops(chunk, pre_ctx),
+                         attn_flops=b * decode_attn + has * attention_flops(chunk, pre_ctx),
                          kv_read_bytes=b * decode_kv + has * m.kv_read_bytes(pre_ctx),
                          verify_seqs=b * (k > 0))
         t = np.asarray(cost.total_time(f), dtype=float)
