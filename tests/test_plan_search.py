@@ -4,6 +4,7 @@ deployment (servers, `vllm serve` and `vllm bench serve` lines)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shlex
@@ -214,7 +215,12 @@ def test_deployment_has_servers_and_a_vllm_serve_line(underestimated_plan):
     assert dep["gpus_per_server"] == 8                    # an 8-GPU MI300X platform
     assert dep["servers"] == math.ceil(dep["gpus"] / 8)
     argv = shlex.split(dep["vllm_serve"])
+    env = list(itertools.takewhile(lambda a: "=" in a, argv))
+    argv = argv[len(env):]
     assert argv[:3] == ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
+    # the attention kernels the plan priced ("auto": AITER's flash attention on ROCm), named as InferenceX's
+    # MI355X scripts name them, since vLLM >= 0.19 would otherwise run ROCM_ATTN (docs/seed_validation.md §33)
+    assert "VLLM_ROCM_USE_AITER=1" in env and _flag(argv, "--attention-backend") == "ROCM_AITER_FA"
     tp = int(_flag(argv, "--tensor-parallel-size"))
     assert dep["gpus_per_server"] % tp == 0
     assert int(_flag(argv, "--max-num-seqs")) == 1024 and int(_flag(argv, "--max-num-batched-tokens")) == 8192

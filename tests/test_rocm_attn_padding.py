@@ -118,3 +118,20 @@ def test_a_scenario_can_name_rocm_attn_and_the_seed_rows_name_what_their_command
     assert sc.engine.attention_backend == "rocm"
     assert attention_backend({"target": "MiniMaxAI/MiniMax-M3-MXFP8"}) == "triton"   # --attention-backend TRITON_ATTN
     assert attention_backend({"target": "moonshotai/Kimi-K2.5"}) == "auto"
+
+
+def test_the_serve_line_names_the_kernels_the_plan_priced_where_vllms_default_differs():
+    """vLLM >= 0.19 on ROCm runs ROCM_ATTN unless told otherwise; the plan's serve line names what it priced:
+    AITER's flash attention for "auto" on a plain model (as InferenceX's MI355X scripts do), nothing where vLLM
+    picks the priced kernel itself (sinks, Gemma 4, MLA) or on CUDA."""
+    from capacity.studies.plan import attention_backend_args
+
+    mi355x, h200 = load_gpu("MI355X"), load_gpu("H200")
+    qwen = load_model("Qwen/Qwen3-8B")
+    assert attention_backend_args(mi355x, qwen, "auto") == (["VLLM_ROCM_USE_AITER=1"],
+                                                            ["--attention-backend", "ROCM_AITER_FA"])
+    assert attention_backend_args(mi355x, qwen, "rocm") == ([], ["--attention-backend", "ROCM_ATTN"])
+    assert attention_backend_args(mi355x, qwen, "triton") == ([], ["--attention-backend", "TRITON_ATTN"])
+    assert attention_backend_args(h200, qwen, "auto") == ([], [])
+    for name in ("google/gemma-4-31B-it", "openai/gpt-oss-120b", "moonshotai/Kimi-K2.5"):
+        assert attention_backend_args(mi355x, load_model(name), "auto") == ([], [])

@@ -52,7 +52,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.cost.step_cost import StepFeatures, quick_reduce_rule
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import load_gpu
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, TRITON_ATTENTION_ARCHS, load_gpu
+from capacity.inputs.models import load_model
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
 from capacity.sim.metrics import STEADY_WARMUP_FRACTION, parse_slos
@@ -1020,6 +1021,29 @@ def speculative_config(method: str, num_speculative_tokens: int, target: str, dr
     return cfg
 
 
+def attention_backend_args(gpu: Any, model: Any, backend: str) -> tuple[list[str], list[str]]:
+    """(environment, `vllm serve` arguments) that make vLLM run the attention kernels the plan priced.
+
+    Needed on ROCm only: since vLLM 0.19 a model with neither MLA nor attention sinks runs ROCM_ATTN when no
+    `--attention-backend` is named, VLLM_ROCM_USE_AITER=1 or not (vllm/platforms/rocm.py
+    `_get_backend_priorities`, PR #36702; docs/seed_validation.md section 33), whose prompt chunks and
+    verification steps pay a 128-row query tile ("rocm"). "auto" prices AITER's flash attention there, which
+    InferenceX's MI355X scripts select with VLLM_ROCM_USE_AITER=1 and --attention-backend ROCM_AITER_FA
+    (capacity/data/measurements/serve_recipes.yaml). A model that "auto" runs on the Triton kernel (attention
+    sinks, Gemma 4's mixed head sizes) or on an MLA kernel gets that from vLLM without a flag; so does every
+    model on CUDA."""
+    if not any(a in gpu.architecture for a in TRITON_ATTENTION_ARCHS) or model.uses_mla:
+        return [], []
+    if backend == "rocm":
+        return [], ["--attention-backend", "ROCM_ATTN"]
+    if backend == "triton":
+        return [], ["--attention-backend", "TRITON_ATTN"]
+    key = gpu.attention_efficiency_key(model) if backend == "auto" else ATTENTION_BACKEND_KEYS[backend]
+    if key == "attention" and max(model.head_dim, model.full_head_dim or 0) <= 256:   # ROCM_AITER_FA's largest
+        return ["VLLM_ROCM_USE_AITER=1"], ["--attention-backend", "ROCM_AITER_FA"]
+    return [], []
+
+
 def _shell_quote(text: str) -> str:
     import shlex
 
@@ -1064,9 +1088,11 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
                      "cache-aware load balancer, e.g. llm-d's endpoint picker or sticky sessions)")
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
-    serve += ["--port", "8000"]
+    env, attention = attention_backend_args(gpu, load_model(d.model), e.attention_backend)
+    serve += [*attention, "--port", "8000"]
     if quick_reduce_rule(gpu.architecture, tp, e.quick_reduce_quantization) is not None:
-        serve = [f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}", *serve]
+        env.append(f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}")
+    serve = [*env, *serve]
     stream = build_requests(sc.traffic, np.random.default_rng(0))
     per_replica = st.target / best.replicas
     goodput = []
