@@ -451,7 +451,8 @@ def query_tile_padding_flops(model: "ModelArch", new_tokens, context_tokens, til
     sequence: a sequence of n > 1 query tokens at context c (the n included) runs ceil(n / tile) tiles of
     `tile` rows, and each padding row walks the c - n cached tokens of every full-attention layer
     (min(c - n, window) of a sliding one) like a real query token. 0 for n <= 1 (the decode kernel) or
-    tile 0. Scalars in, a float out; arrays in, an array out."""
+    tile 0. Left out: the padding rows' pass over the chunk's own n tokens (at most pad x n per layer,
+    small beside a verification's cached context). Scalars in, a float out; arrays in, an array out."""
     if not tile:
         return 0.0 if np.ndim(new_tokens) == 0 else np.zeros(np.shape(new_tokens))
     n = np.asarray(new_tokens, dtype=np.float64)
@@ -478,7 +479,7 @@ class AttentionTables:
         self.arch = arch
         self.query_tile = int(query_tile)   # ROCM_ATTN's BLOCK_M (query_tile_padding_flops); 0: no padding
         self.kv = TokenTable(arch.kv_read_bytes)
-        self._whole = TokenTable(lambda c: arch.attention_flops(c, c))   # no cached prefix: no padding
+        self._whole = TokenTable(lambda c: arch.attention_flops(c, c))   # no cached prefix: no padding priced
         self._chunk: dict[int, TokenTable] = {}
         self._chunk_lists: dict[int, list] = {}   # the decode-width tables' lists (TokenTable.lookup), by width
 

@@ -104,7 +104,8 @@ TRANSFERRED_BASIS = "transferred from"
 # its scenario says engine.attention_backend: triton (MI300X's Llama-3.3-70B series, serve_recipes.yaml) or rocm
 # (vLLM's ROCM_ATTN, the ROCm default from vLLM 0.19 where no --attention-backend is given: its multi-token queries run
 # a Triton prefix-prefill kernel, so `attention_triton` too, with the query-tile padding capacity/cost/step_cost.py
-# prices; the seed article's Qwen targets, capacity/data/measurements/seed_serve_flags.yaml).
+# prices; the seed article's Qwen targets ran it, capacity/data/measurements/seed_serve_flags.yaml says why they are
+# simulated on 'auto').
 TRITON_ATTENTION_ARCHS = ("gfx9",)
 ATTENTION_BACKEND_KEYS = {"flash": "attention", "triton": "attention_triton", "rocm": "attention_triton"}
 """The efficiency entry of each scenario `engine.attention_backend` other than 'auto'."""

@@ -98,8 +98,8 @@ def model_runner(row: dict[str, Any]) -> str:
 
 
 def attention_backend(row: dict[str, Any]) -> str:
-    """The attention backend a seed-article row's target ran (a scenario's engine.attention_backend): the
-    target's `attention_backend` in `seed_serve_flags.yaml`, else "auto"."""
+    """The attention backend a seed-article row's target is simulated with (a scenario's
+    engine.attention_backend): the target's `attention_backend` in `seed_serve_flags.yaml`, else "auto"."""
     return str(_serve_flags().get(str(row.get("target")), {}).get("attention_backend", "auto"))
 
 
