@@ -1090,6 +1090,10 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
         serve += ["--speculative-config", json.dumps(spec)]
     env, attention = attention_backend_args(gpu, load_model(d.model), e.attention_backend)
     serve += [*attention, "--port", "8000"]
+    if "ROCM_AITER_FA" in attention:
+        notes.append("--attention-backend ROCM_AITER_FA names the attention kernels the plan priced: without it vLLM "
+                     ">= 0.19 on ROCm runs ROCM_ATTN, whose prompt chunks and speculative verification pay a 128-row "
+                     "query tile (price that with --set engine.attention_backend=rocm)")
     if quick_reduce_rule(gpu.architecture, tp, e.quick_reduce_quantization) is not None:
         env.append(f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}")
     serve = [*env, *serve]
