@@ -356,3 +356,16 @@ def test_trace_with_a_huge_token_count_is_refused(tmp_path, capsys):
     trace.write_text("arrival_s,input_tokens,output_tokens\n0.0,100,20\n1.0,1e12,20\n")
     refused(["simulate", "--no-compare", "--set", f"traffic.arrival={{process: trace, path: {trace}}}",
              "--set", "traffic.classes=[]"], capsys, "data row 2", "1e12")
+
+
+def test_rocm_attn_on_a_gpu_that_is_not_amd(capsys):
+    """vLLM's ROCM_ATTN exists only on ROCm (vllm/platforms/rocm.py); asking for it on an NVIDIA GPU is a mistake."""
+    refused(["simulate", "--set", "deployment.gpu=H100", "--set", "engine.attention_backend=rocm", *SMALL], capsys,
+            "attention_backend", "ROCM_ATTN", "H100")
+
+
+def test_rocm_attn_for_a_model_whose_heads_it_does_not_take(capsys):
+    """ROCM_ATTN takes head sizes up to 256 (RocmAttentionBackend.get_supported_head_sizes); Gemma 4's global layers
+    have 512, so vLLM refuses it ('head_size not supported', vLLM PR #38824) and runs TRITON_ATTN."""
+    refused(["simulate", "--set", "engine.attention_backend=rocm", *SMALL], capsys,   # the default: gemma-4-31B-it
+            "attention_backend", "ROCM_ATTN", "512")

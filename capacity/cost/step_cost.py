@@ -121,7 +121,8 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS
+from capacity.errors import CapacityError
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, TRITON_ATTENTION_ARCHS
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
@@ -434,15 +435,16 @@ class TokenTable:
 # power-of-two KV block size; 32 and 32 otherwise)
 ROCM_ATTN_QUERY_TILE = 128
 ROCM_ATTN_QUERY_TILE_NON_POW2_BLOCK = 32
+# the largest head size ROCM_ATTN takes (vllm/v1/attention/backends/rocm_attn.py RocmAttentionBackend
+# .get_supported_head_sizes: 32 ... 256); a larger one is refused ("head_size not supported", vLLM PR #38824)
+ROCM_ATTN_MAX_HEAD_SIZE = 256
 
 
 def rocm_attn_query_tile(model: "ModelArch") -> int:
     """BLOCK_M of ROCM_ATTN's prefix-prefill kernel for `model`: 32 where vLLM enlarges the KV block to a
     hybrid model's recurrent-state page (not a power of two: Qwen3.5's 784 and 1,056 tokens, per the
-    comment in vllm/v1/attention/backends/rocm_attn.py `get_supported_kernel_block_sizes`), else 128;
-    0 for an MLA model, which vLLM serves on its MLA backends, never on ROCM_ATTN."""
-    if model.uses_mla:
-        return 0
+    comment in vllm/v1/attention/backends/rocm_attn.py `get_supported_kernel_block_sizes`), else 128.
+    (vLLM never serves an MLA model on ROCM_ATTN; StepCostModel refuses the pair.)"""
     return ROCM_ATTN_QUERY_TILE_NON_POW2_BLOCK if model.num_linear_attention_layers else ROCM_ATTN_QUERY_TILE
 
 
@@ -654,6 +656,17 @@ class StepCostModel:
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])
         # ROCM_ATTN pads every multi-token query to its prefix-prefill kernel's tile (module docstring)
+        if attention_backend == "rocm" and not any(a in gpu.architecture for a in TRITON_ATTENTION_ARCHS):
+            raise CapacityError(f"engine.attention_backend 'rocm' is vLLM's ROCM_ATTN, which runs on AMD Instinct GPUs "
+                                f"only; {gpu.name} is not one: use auto, flash or triton")
+        if attention_backend == "rocm" and model.uses_mla:
+            raise CapacityError(f"engine.attention_backend 'rocm': vLLM serves an MLA model such as {model.name} on its "
+                                "MLA backends, never on ROCM_ATTN: use auto")
+        if attention_backend == "rocm" and max(model.head_dim, model.full_head_dim or 0) > ROCM_ATTN_MAX_HEAD_SIZE:
+            raise CapacityError(f"engine.attention_backend 'rocm': vLLM's ROCM_ATTN takes head sizes up to "
+                                f"{ROCM_ATTN_MAX_HEAD_SIZE} and {model.name} has "
+                                f"{max(model.head_dim, model.full_head_dim or 0)} (vLLM runs it on TRITON_ATTN): "
+                                "use auto or triton")
         query_tile = rocm_attn_query_tile(model) if attention_backend == "rocm" else 0
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
