@@ -71,7 +71,9 @@ decode or prefill step is priced as before):
   tile's BLOCK_M rows walks the sequence's cached context, so a 1 + N-token verification costs the
   attention FLOPs of BLOCK_M query tokens over that context (`query_tile_padding_flops`), at the
   Triton kernels' efficiency `attention_triton`. One-token (decode) sequences take the paged decode
-  kernel and pay nothing extra.
+  kernel and pay nothing extra. This is the upstream path as read; a later rewrite (vLLM PR #45234,
+  closed) would send batches with decode rows to the unified kernel, and which path a given release
+  runs is not established (docs/seed_validation.md §33).
 * Shape-dependent GEMM efficiency (opt-in per hardware profile: its `gemm_curve` section). Without
   it every GEMM runs at one fraction `gemm` of peak. With it a GEMM call of W FLOPs (per GPU) of
   compute dtype d reaches gemm x ceiling_d x W / (W + W_half_d) of peak: ceiling_d is the measured
