@@ -183,7 +183,8 @@ class LoadInference:
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.deployment.target, "gpu": self.deployment.gpu, "tp": self.deployment.tp,
-                "precision": self.deployment.precision,
+                "precision": self.deployment.precision, "model_runner": self.deployment.model_runner,
+                "attention_backend": self.deployment.attention_backend,
                 "max_num_batched_tokens": self.deployment.max_num_batched_tokens,
                 "measured_baseline_tok_s": self.measured_baseline_tok_s, "concurrency": self.concurrency,
                 "simulated_baseline_tok_s": self.simulated_baseline_tok_s, "bracket": list(self.bracket),
@@ -539,7 +540,8 @@ def summary_text(s: dict[str, Any]) -> str:
     lines.append("")
     lines.append("Load inferred per target (closed loop of C users, from the mean measured baseline):")
     lines.append(f"  {'target':30} {'GPU':7} {'TP':>2} {'C':>4} {'measured':>9} {'simulated':>9} {'err':>6} "
-                 f"{'step':>6} {'tok/s/user':>10} {'dlnB/dlnC':>9} {'C range if B 10% off':>20}")
+                 f"{'step':>6} {'tok/s/user':>10} {'dlnB/dlnC':>9} {'C range if B 10% off':>20} {'runner':>6} "
+                 f"{'attention':>9}")
     poor = []
     for ld in s["loads"]:
         e, k = ld.get("elasticity", math.nan), ld.get("c_factor_per_10pct", math.nan)
@@ -548,7 +550,8 @@ def summary_text(s: dict[str, Any]) -> str:
         lines.append(f"  {ld['target'][:30]:30} {ld['gpu']:7} {ld['tp']:2d} {c:4d} "
                      f"{ld['measured_baseline_tok_s']:9,.0f} {ld['simulated_baseline_tok_s']:9,.0f} "
                      f"{ld['relative_error']:+6.1%} {ld['bisection_step']:6.1%} "
-                     f"{ld['measured_baseline_tok_s'] / c:10.1f} {e:9.2f} {span:>20}")
+                     f"{ld['measured_baseline_tok_s'] / c:10.1f} {e:9.2f} {span:>20} {ld.get('model_runner', 'v1'):>6} "
+                 f"{ld.get('attention_backend', 'auto'):>9}")
         if not e >= POORLY_DETERMINED:
             poor.append(ld["target"])
     if poor:
