@@ -124,7 +124,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, TRITON_ATTENTION_ARCHS
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
@@ -658,16 +658,16 @@ class StepCostModel:
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])
         # ROCM_ATTN pads every multi-token query to its prefix-prefill kernel's tile (module docstring)
-        if attention_backend == "rocm" and not any(a in gpu.architecture for a in TRITON_ATTENTION_ARCHS):
+        if attention_backend == "rocm" and not gpu.is_rocm:
             raise CapacityError(f"engine.attention_backend 'rocm' is vLLM's ROCM_ATTN, which runs on AMD Instinct GPUs "
                                 f"only; {gpu.name} is not one: use auto, flash or triton")
         if attention_backend == "rocm" and model.uses_mla:
             raise CapacityError(f"engine.attention_backend 'rocm': vLLM serves an MLA model such as {model.name} on its "
                                 "MLA backends, never on ROCM_ATTN: use auto")
-        if attention_backend == "rocm" and max(model.head_dim, model.full_head_dim or 0) > ROCM_ATTN_MAX_HEAD_SIZE:
+        if attention_backend == "rocm" and model.largest_head_dim > ROCM_ATTN_MAX_HEAD_SIZE:
             raise CapacityError(f"engine.attention_backend 'rocm': vLLM's ROCM_ATTN takes head sizes up to "
-                                f"{ROCM_ATTN_MAX_HEAD_SIZE} and {model.name} has "
-                                f"{max(model.head_dim, model.full_head_dim or 0)} (vLLM runs it on TRITON_ATTN): "
+                                f"{ROCM_ATTN_MAX_HEAD_SIZE} and {model.name} has {model.largest_head_dim} "
+                                "(vLLM runs it on TRITON_ATTN): "
                                 "use auto or triton")
         query_tile = rocm_attn_query_tile(model) if attention_backend == "rocm" else 0
         self._kv_split = 1 if model.uses_mla else self.tp

@@ -257,6 +257,12 @@ class GpuProfile:
         return None if w is None else w * 1e9
 
     @property
+    def is_rocm(self) -> bool:
+        """Whether vLLM serves this GPU on ROCm (an AMD Instinct, TRITON_ATTENTION_ARCHS), where its ROCm attention
+        backends and their selection rules apply."""
+        return any(a in self.architecture for a in TRITON_ATTENTION_ARCHS)
+
+    @property
     def expert_stream_bw_tb_s(self) -> float:
         """Bandwidth (TB/s) that `efficiency.moe` / `moe_int4` are fractions of for expert weight streaming:
         the profile's own HBM bandwidth, or for a family transfer the sibling's (the step cost caps the
@@ -319,8 +325,7 @@ class GpuProfile:
         for all its layers when no backend is named, because FlashAttention and ROCM_ATTN take head sizes up to
         256 (vllm/model_executor/models/config.py `Gemma4Config.verify_and_update_config`; newer vLLM picks
         FA4 instead where it is available). A profile without `attention_triton` prices it at `attention`."""
-        rocm = any(a in self.architecture for a in TRITON_ATTENTION_ARCHS)
-        if rocm and getattr(model, "attention_sinks", False):
+        if self.is_rocm and getattr(model, "attention_sinks", False):
             return "attention_triton"
         full, sliding = getattr(model, "full_head_dim", 0), getattr(model, "head_dim", 0)
         if full and sliding and full != sliding and getattr(model, "num_sliding_attention_layers", 0):

@@ -309,6 +309,12 @@ class ModelArch:
         return dense_kv * c + self.sparse_kv_bytes_per_token * _cap(c, self.sparse_attention_tokens) \
             + self.swa_kv_bytes_per_token * _cap(c, self.sliding_window) + self.state_bytes_per_seq
 
+    @property
+    def largest_head_dim(self) -> int:
+        """The largest attention head size of any layer (Gemma 4: its 512-wide global layers), which decides
+        the attention backends vLLM can run the model on."""
+        return max(self.head_dim, self.full_head_dim or 0)
+
     def attention_flops(self, new_tokens: np.ndarray, context_tokens: np.ndarray) -> np.ndarray:
         """Attention FLOPs per sequence for a chunk of `new_tokens` tokens whose last token sits at
         context length `context_tokens` (the chunk included). Causal: the i-th new token

@@ -52,7 +52,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.cost.step_cost import StepFeatures, quick_reduce_rule
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, TRITON_ATTENTION_ARCHS, load_gpu
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, load_gpu
 from capacity.inputs.models import load_model
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
@@ -1032,14 +1032,14 @@ def attention_backend_args(gpu: Any, model: Any, backend: str) -> tuple[list[str
     (capacity/data/measurements/serve_recipes.yaml). A model that "auto" runs on the Triton kernel (attention
     sinks, Gemma 4's mixed head sizes) or on an MLA kernel gets that from vLLM without a flag; so does every
     model on CUDA."""
-    if not any(a in gpu.architecture for a in TRITON_ATTENTION_ARCHS) or model.uses_mla:
+    if not gpu.is_rocm or model.uses_mla:
         return [], []
     if backend == "rocm":
         return [], ["--attention-backend", "ROCM_ATTN"]
     if backend == "triton":
         return [], ["--attention-backend", "TRITON_ATTN"]
     key = gpu.attention_efficiency_key(model) if backend == "auto" else ATTENTION_BACKEND_KEYS[backend]
-    if key == "attention" and max(model.head_dim, model.full_head_dim or 0) <= 256:   # ROCM_AITER_FA's largest
+    if key == "attention" and model.largest_head_dim <= 256:   # ROCM_AITER_FA's largest (get_supported_head_sizes)
         return ["VLLM_ROCM_USE_AITER=1"], ["--attention-backend", "ROCM_AITER_FA"]
     return [], []
 
