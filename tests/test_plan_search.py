@@ -15,6 +15,7 @@ import yaml
 
 from capacity.cli import main
 from capacity.inputs import scenario
+from capacity.inputs.hardware import load_gpu
 from capacity.sim import simulate
 from capacity.studies import plan
 
@@ -306,6 +307,11 @@ def test_the_plan_names_what_it_is_for_and_replans_the_what_ifs(underestimated_p
     assert ctx["model"] == "meta-llama/Llama-3.1-8B" and ctx["precision"] == "bf16"
     assert "poisson" in ctx["traffic"] and ctx["binding_slo"] in {s["slo"] for s in rec["slo"]}
     assert ctx["binding_margin"] == min(s["margin"] for s in rec["slo"])
+    # Llama-3.1-8B is in no GPU's calibration rows: the error that applies is a left-out model's, from the profile
+    err = ctx["step_cost_error"]
+    assert err["gpu"] == rec["gpu"] and err["model"] == "meta-llama/Llama-3.1-8B" and err["model_in_fit"] is False
+    assert err["basis"] == "leave_one_model_out"
+    assert err["figures"] == load_gpu(rec["gpu"]).cross_validation["leave_one_model_out"]
     sens = {row["what_if"]: row for row in p["sensitivity"]}
     assert list(sens) == ["acceptance −10 %", "acceptance −20 %", "acceptance −30 %", "traffic × 1.5", "traffic × 2"]
     assert all(sens[k]["gpus"] == rec["total_gpus"] and "no speculation" in sens[k]["note"]

@@ -57,7 +57,7 @@ from capacity.inputs.models import load_model
 from capacity.measurements import readers
 from capacity.measurements.clients import v0_engine
 from capacity.measurements.row_scenario import PROMPTS_PER_USER, row_scenario, row_stream
-from capacity.measurements.schemas import parse_float
+from capacity.measurements.schemas import model_aliases, parse_float
 from capacity.sim import simulate
 from capacity.sim.simulate import has_request_delay, request_delays_s
 
@@ -739,10 +739,44 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
                            if _active_prior(prior, weights) else "")
                         + f", {date.today()}")
     if out:
-        save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on)
+        save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on,
+                     cross_validation_section(result, list(train_rows["model"]), [int(p.cost.tp) for p in train],
+                                              " ".join(["capacity calibrate", *_command_words(gpu, hold, fit_also)])
+                                              + f" ({date.today()})") if cross_validate else None)
         result.out = out
     _write_acceptance(result, meas.acceptance, out)
     return result
+
+
+def _command_words(gpu: str, hold: tuple[str, ...], fit_also: tuple[str, ...]) -> list[str]:
+    return [f"--gpu {gpu}", *(f"--hold {k}" for k in hold), *(f"--fit {k}" for k in fit_also)]
+
+
+def _error_figures(table: list[dict[str, Any]]) -> dict[str, list[float]] | None:
+    """The all-rows median / p90 (%) of each FIT_METRICS metric of an error table, or None without one."""
+    overall = {g["metric"]: g for g in table if g.get("model") == "all"}
+    if not all(m in overall for m in FIT_METRICS):
+        return None
+    name = {"output_tok_s_per_gpu": "output_tok_s_per_gpu_pct", "tpot_ms": "tpot_pct", "ttft_ms": "ttft_pct"}
+    return {name[m]: [round(100 * overall[m]["median_ape"], 1), round(100 * overall[m]["p90_ape"], 1)]
+            for m in ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")}
+
+
+def cross_validation_section(result: CalibrationResult, models: list[str], tps: list[int],
+                             measured_by: str) -> dict[str, Any] | None:
+    """The `cross_validation` section of a written profile (hardware._CrossValidationModel): what the fit saw
+    (rows, models as architecture ids, TP sizes) and its errors out of sample and on its own rows. None where the
+    fit was not cross-validated or has no error table of its rows."""
+    fitted = _error_figures(result.train_errors)
+    if fitted is None or not result.lomo_errors and not result.lotpo_errors:
+        return None
+    aliases = model_aliases()
+    return {"measured_by": measured_by, "rows": len(models),
+            "models": sorted({aliases.get(str(m), str(m)) for m in models}),
+            "tensor_parallel_sizes": sorted(set(tps)),
+            "leave_one_model_out": _error_figures(result.lomo_errors),
+            "leave_one_tp_size_out": _error_figures(result.lotpo_errors),
+            "fitted_rows": fitted}
 
 
 def _load_shortfall_warnings(pricers: list[Repricer]) -> list[str]:

@@ -228,6 +228,10 @@ class GpuProfile:
     """Fixed time of one GEMM kernel beyond its roofline, us (OPTIONAL_SCALAR_KEYS); 0: none."""
     expert_stream_bandwidth_tb_s: float = 0.0
     """Bandwidth the expert kernels' streaming efficiencies are fractions of (OPTIONAL_SCALAR_KEYS); 0: own HBM."""
+    cross_validation: dict[str, Any] = field(default_factory=dict)
+    """How far the fitted efficiencies are off on rows kept out of their fit (the YAML's `cross_validation`
+    section, `_CrossValidationModel`; written by `capacity calibrate`); empty: not measured (no serving rows,
+    a family transfer, or values changed since)."""
     """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
     W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
@@ -381,7 +385,9 @@ class GpuProfile:
             provenance["hbm_runtime_gib"] = _override_record(self.provenance.get("hbm_runtime_gib"), "hbm_runtime_gib",
                                                              scaled, self.name)
         _check_values(provenance, where=f"override of GPU {self.name}")
-        return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path)
+        # the cross-validated errors describe the profile's own efficiencies, not overridden ones
+        kept = {} if "efficiency" in changes or "gemm_curve" in changes else self.cross_validation
+        return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path, kept)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (values and provenance), e.g. for `capacity hardware --json`."""
@@ -406,6 +412,7 @@ class GpuProfile:
             "efficiency": dict(self.efficiency),
             "gemm_curve": dict(self.gemm_curve),
             "provenance": {key: record.as_dict() for key, record in self.provenance.items()},
+            "cross_validation": dict(self.cross_validation),
             "path": self.path,
         }
 
@@ -445,12 +452,15 @@ def save_profile(
     path: str | os.PathLike[str],
     fitted: Mapping[str, float],
     fitted_on: str,
+    cross_validation: Mapping[str, Any] | None = None,
 ) -> None:
     """Write `profile` as a YAML in the profile schema, with the efficiency entries in `fitted` replaced.
 
     Replaced entries get basis 'fitted', source 'capacity calibrate', `fitted_on` = the given text
     (what they were fitted on) and a note with the previous value; every other value, source and
-    note is kept. The written file loads with `load_gpu(path)`.
+    note is kept. `cross_validation` (the `_CrossValidationModel` fields) is written as the file's
+    errors out of sample; None writes none, since the old profile's figures do not describe new values.
+    The written file loads with `load_gpu(path)`.
     """
     if not isinstance(fitted_on, str) or not fitted_on.strip():
         raise CapacityError("save_profile needs fitted_on: a non-empty text saying what the values were fitted on")
@@ -472,6 +482,9 @@ def save_profile(
         )
     _check_values(provenance, where=f"fitted values for GPU {profile.name}")
     document = _yaml_document(profile.name, profile.vendor, profile.architecture, provenance)
+    if cross_validation:
+        document["cross_validation"] = _valid_cross_validation(dict(cross_validation),
+                                                               f"cross_validation section for GPU {profile.name}")
     header = (
         f"# GPU profile {profile.name} written by capacity.inputs.hardware.save_profile.\n"
         f"# Efficiency entries with basis 'fitted' were fitted on: {' '.join(fitted_on.split())}\n"
@@ -544,6 +557,30 @@ class _FamilyTransferModel(BaseModel):
     source: str = ""
 
 
+class _ErrorFiguresModel(BaseModel):
+    """Median and p90 of |predicted - measured| / measured, in %, per metric (vllm bench serve's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_tok_s_per_gpu_pct: tuple[float, float]
+    tpot_pct: tuple[float, float]
+    ttft_pct: tuple[float, float]
+
+
+class _CrossValidationModel(BaseModel):
+    """`cross_validation:` how far the profile's fitted efficiencies are off on serving rows kept out of their fit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measured_by: str = Field(min_length=1, strict=True)   # the command and date, where the figures are recorded
+    rows: int = Field(ge=1)
+    models: list[str] = Field(min_length=1)                # HF ids of the models fitted on
+    tensor_parallel_sizes: list[int] = Field(min_length=1)
+    leave_one_model_out: _ErrorFiguresModel | None = None
+    leave_one_tp_size_out: _ErrorFiguresModel | None = None
+    fitted_rows: _ErrorFiguresModel
+
+
 class _ProfileModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -567,6 +604,7 @@ class _ProfileModel(BaseModel):
     efficiency: _EfficiencyModel | None = None
     family_transfer: _FamilyTransferModel | None = None
     gemm_curve: dict[str, _LeafModel] | None = None
+    cross_validation: _CrossValidationModel | None = None
 
     @field_validator("measured", mode="before")
     @classmethod
@@ -645,7 +683,12 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
         provenance.update(_transferred_efficiency(model.name, model.architecture, model.family_transfer, path, where,
                                                   provenance))
     _check_values(provenance, where=where, check_units=True)
-    return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()))
+    if model.cross_validation is not None and model.family_transfer is not None:
+        raise CapacityError(f"{where}: 'cross_validation' describes a profile's own fitted efficiencies and this one "
+                            f"transfers its sibling's; delete the section ({_SCHEMA_HINT})")
+    cross_validation = {} if model.cross_validation is None else model.cross_validation.model_dump(mode="json")
+    return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()),
+                                    cross_validation)
 
 
 def family_of(architecture: str) -> str:
@@ -823,7 +866,8 @@ def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, 
 
 
 def _profile_from_provenance(
-    name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str
+    name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str,
+    cross_validation: Mapping[str, Any] | None = None,
 ) -> GpuProfile:
     provenance = _with_optional_efficiencies(provenance)
 
@@ -855,7 +899,17 @@ def _profile_from_provenance(
         gemm_call_us=float(provenance["gemm_call_us"].value) if "gemm_call_us" in provenance else 0.0,
         expert_stream_bandwidth_tb_s=(float(provenance["expert_stream_bandwidth_tb_s"].value)
                                       if "expert_stream_bandwidth_tb_s" in provenance else 0.0),
+        cross_validation=dict(cross_validation or {}),
     )
+
+
+def _valid_cross_validation(section: dict[str, Any], where: str) -> dict[str, Any]:
+    """`section` checked against the `cross_validation` schema, as the YAML writes it."""
+    try:
+        return _CrossValidationModel.model_validate(section).model_dump(mode="json")
+    except ValidationError as exc:
+        raise CapacityError(f"{where}: {_describe_validation_error(exc)}; each figure is [median, p90] in % of "
+                            "output_tok_s_per_gpu_pct, tpot_pct and ttft_pct (hw_profiles/README.md)") from None
 
 
 def _ordered_keys(provenance: Mapping[str, Sourced]) -> list[str]:

@@ -54,6 +54,7 @@ from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, load_gpu
 from capacity.inputs.models import load_model
+from capacity.inputs.step_cost_fidelity import expected_error, margin_against_error
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
 from capacity.sim.metrics import STEADY_WARMUP_FRACTION, parse_slos
@@ -822,11 +823,15 @@ def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
         scaled = " and scaled from math and code benchmarks to chat (an assumed ratio)" if "chat derived" in basis else ""
         sentence = (f"{best.method} N={best.num_speculative_tokens}'s acceptance on {sc.deployment.model} is {where}"
                     f"{scaled}; the GPU count rests on it (see the what-ifs).")
+    # how far the step cost can be trusted for this model and TP size on this GPU, against the binding margin
+    error = expected_error(dep.gpu, dep.model.name, best.tensor_parallel_size)
+    error["against_binding_margin"] = margin_against_error(error, binding and binding["slo"],
+                                                           binding and binding["margin"])
     return {"model": sc.deployment.model, "precision": dep.model.weight_precision,
             "kv_cache_dtype": sc.deployment.kv_cache_dtype, "traffic": shape,
             "binding_slo": None if binding is None else binding["slo"],
             "binding_margin": None if binding is None else binding["margin"],
-            "acceptance_in_words": sentence}
+            "acceptance_in_words": sentence, "step_cost_error": error}
 
 
 def _rank_key(c: Candidate) -> tuple:
@@ -1210,6 +1215,10 @@ def summary_text(p: PlanResult) -> str:
         lines.append(f"                binding SLO: {ctx['binding_slo']} (the smallest margin, {ctx['binding_margin'] * 100:.0f} %)")
     if ctx.get("acceptance_in_words"):
         lines += wrap.wrap("what decides it: " + ctx["acceptance_in_words"])
+    err = ctx.get("step_cost_error")
+    if err:
+        lines += wrap.wrap("step cost: " + err["in_words"]
+                           + (" So " + err["against_binding_margin"] if err.get("against_binding_margin") else ""))
     sens = r.get("sensitivity") or []
     if sens:
         cells = [f"{x['what_if']}: " + (f"{x['gpus']} GPUs" if x.get("gpus") is not None else "none fits")
