@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import yaml
 
 from capacity.errors import CapacityError
 from capacity.inputs.scenario import Scenario, Speculative
+from capacity.inputs.step_cost_fidelity import expected_error
 from capacity.sim import simulate
 from capacity.sim.metrics import parse_slos
 from capacity.sim.simulate import SimulationResult
@@ -112,6 +114,9 @@ def simulation_summary(result: SimulationResult) -> str:
     total = sum(result.step_breakdown_s.values()) or 1.0
     parts = ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(result.step_breakdown_s.items(), key=lambda kv: -kv[1]) if v > 0)
     lines.append(f"Step time  {parts}")
+    # how far the step cost can be trusted for this model and TP size on this GPU (the profile's cross-validation)
+    err = expected_error(dep.gpu, dep.model.name, d.tensor_parallel_size)
+    lines += textwrap.wrap("Step cost  " + err["in_words"], width=110, subsequent_indent=" " * 11, break_on_hyphens=False)
     if m.get("slo"):
         checks = "; ".join(f"{s['slo']} → {_achieved(s)} {'ok' if s['met'] else 'MISSED'}" for s in m["slo"])
         lines.append(f"SLOs       {checks}; goodput {_num(m.get('goodput_rps') or 0, '.2f')} req/s")
