@@ -77,3 +77,15 @@ def test_a_fitted_all_reduce_is_bounded_by_its_measured_ceiling_not_by_one():
     assert upper_bound("allreduce", mi300x) == 1.0
     assert upper_bound("gemm", h200) == 1.0
     assert upper_bound("layer_overhead_us", h200) == BOUNDS["layer_overhead_us"][1]
+
+
+def test_a_re_priced_time_below_zero_is_a_large_error_not_a_crash():
+    """Re-pricing far from the recorded schedule can shift a TTFT below zero (scripts/screen_cost_terms.py on a
+    variant profile hit it): the fit must see a very large, finite residual there, not fail on log(<= 0)."""
+    row = {"output_tok_s_per_gpu": 100.0, "ttft_ms": 30.0, "tpot_ms": 5.0}
+    pricer = SimpleNamespace(rec=SimpleNamespace(row=row),
+                             predict=lambda eff: {"predicted_output_tok_s_per_gpu": 100.0,
+                                                  "predicted_ttft_ms": -10.0, "predicted_tpot_ms": 5.0})
+    r = calibrate._residuals(np.array([0.5]), ("gemm",), {}, [pricer])
+    assert np.all(np.isfinite(r)) and r[0] == 0.0 and r[2] == 0.0
+    assert r[1] == pytest.approx(np.log(calibrate.NONPOSITIVE_PREDICTION_RATIO)) and r[1] < -10

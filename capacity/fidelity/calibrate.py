@@ -81,6 +81,9 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US), "moe_token_overhead_ns": (0.0, 5000.0)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
+# the ratio to the measurement a non-positive re-priced prediction counts as in the fit's residuals (`_residuals`):
+# log(1e-6) = -13.8, far beyond any real error, so the optimiser leaves that region instead of failing on log(<= 0)
+NONPOSITIVE_PREDICTION_RATIO = 1e-6
 # Fitted only when asked for (`--fit KEY`) or where the profile already has a nonzero value: terms some profiles ship
 # (H100, H200) and others do not (docs/seed_validation.md sections 31-32).
 OPT_IN_KEYS = ("moe_token_overhead_ns",)
@@ -342,7 +345,9 @@ def _residuals(x: np.ndarray, keys: tuple[str, ...], base: dict[str, float], pri
         for m in metrics:
             meas = parse_float(p.rec.row.get(m))
             if meas > 0 and not math.isnan(meas):
-                res.append(math.log(pred[f"predicted_{m}"] / meas))
+                # a re-pricing far from the recording can shift a time below zero (a TTFT less the step time
+                # the recorded schedule held): no physical prediction, priced as a very large error
+                res.append(math.log(max(pred[f"predicted_{m}"], meas * NONPOSITIVE_PREDICTION_RATIO) / meas))
     return np.asarray(res)
 
 
