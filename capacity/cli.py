@@ -58,21 +58,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_hardware(args: argparse.Namespace) -> int:
     # the command's own layers, imported on use (module docstring)
     from capacity.inputs.hardware import list_gpus
+    from capacity.inputs.step_cost_fidelity import transferred_from
 
     gpus = list_gpus()
     if args.json:
         print_json([g.to_dict() for g in gpus])
         return 0
-    head = f"{'GPU':8} {'bf16 TF':>8} {'fp8 TF':>8} {'fp4 TF':>8} {'HBM GB':>7} {'TB/s':>5} {'scale-up GB/s':>13} {'W':>5} {'$/h':>5}  efficiency (gemm/hbm/allreduce, overhead ms)"
+    head = (f"{'GPU':8} {'bf16 TF':>8} {'fp8 TF':>8} {'fp4 TF':>8} {'HBM GB':>7} {'TB/s':>5} {'scale-up GB/s':>13} {'W':>5} "
+            f"{'$/h':>5}  efficiency (gemm/hbm/allreduce, overhead ms)  TPOT error, a left-out model (median/p90)")
     print(head)
     for g in gpus:
         p = g.peak_dense_tflops
         e = g.efficiency
         fp4 = f"{p['fp4']:.0f}" if "fp4" in p else "-"
-        print(f"{g.name:8} {p.get('bf16', 0):8.0f} {p.get('fp8', 0):8.0f} {fp4:>8} {g.hbm_capacity_gb:7.0f} "
-              f"{g.hbm_bandwidth_tb_s:5.1f} {g.scaleup_bandwidth_gb_s:13.0f} {g.board_power_w:5.0f} {g.cost_per_gpu_hour_usd:5.2f}  "
-              f"{e['gemm']:.2f}/{e['hbm']:.2f}/{e['allreduce']:.2f}, {e['step_overhead_ms']:.2f}")
-    print("\nsources and bases: capacity hardware --json, or hw_profiles/*.yaml")
+        lomo = g.cross_validation.get("leave_one_model_out")
+        sibling = transferred_from(g)
+        error = (f"{lomo['tpot_pct'][0]:.0f}/{lomo['tpot_pct'][1]:.0f} %" if lomo
+                 else f"not measured ({sibling}'s values)" if sibling else "not measured")
+        line = (f"{g.name:8} {p.get('bf16', 0):8.0f} {p.get('fp8', 0):8.0f} {fp4:>8} {g.hbm_capacity_gb:7.0f} "
+                f"{g.hbm_bandwidth_tb_s:5.1f} {g.scaleup_bandwidth_gb_s:13.0f} {g.board_power_w:5.0f} "
+                f"{g.cost_per_gpu_hour_usd:5.2f}  {e['gemm']:.2f}/{e['hbm']:.2f}/{e['allreduce']:.2f}, "
+                f"{e['step_overhead_ms']:.2f}")
+        print(line.ljust(head.index("TPOT error")) + error)
+    print("\nsources and bases: capacity hardware --json, or hw_profiles/*.yaml; the errors: each profile's cross_validation")
     return 0
 
 
