@@ -121,3 +121,20 @@ def test_calibrate_writes_the_all_rows_figures_in_percent():
     assert section["fitted_rows"]["ttft_pct"] == [5.1, 10.2]
     result.lomo_errors = []
     assert calibrate.cross_validation_section(result, ["gpt-oss-120b"], [8], "cmd") is None
+
+
+@pytest.mark.parametrize("gpu, model, tp", [("MI300X", "meta-llama/Llama-3.3-70B-Instruct", 2),
+                                            ("MI355X", "openai/gpt-oss-120b", 8), ("H200", "MiniMaxAI/MiniMax-M2.5", 4)])
+def test_the_slower_step_what_if_scales_every_step_by_its_factor(gpu, model, tp):
+    """The plan's 'step cost + p90 error' what-if: every component of the roofline, the collectives and the fixed
+    costs scale together, so a step takes exactly `factor` times as long (decode and a prompt chunk alike)."""
+    from capacity.cost.step_cost import StepCostModel
+    from capacity.inputs.models import load_model
+    from capacity.studies.plan import slower_step_overrides
+
+    g, m = load_gpu(gpu), load_model(model)
+    slow = g.with_overrides(**slower_step_overrides(g, 1.3))
+    for new, ctx in (([1] * 16, [2048] * 16), ([512, 1, 1], [512, 900, 4000])):
+        before = StepCostModel(g, m, tp).step_time_s(new, ctx)
+        assert StepCostModel(slow, m, tp).step_time_s(new, ctx) == pytest.approx(1.3 * before, rel=1e-9)
+    assert slow.efficiency["request_overhead_ms"] == g.efficiency["request_overhead_ms"]   # a TTFT delay, not a step

@@ -26,8 +26,10 @@ $/hour. Two stages keep it fast:
    1,000 requests), with a distribution-free confidence interval of the percentile
    (`percentile_interval`, binomial order statistics) and the margin to the threshold with its ±.
 5. The answer as a deployment (`deployment`): servers of the GPU's scale-up size, and per replica the
-   `vllm serve` line and the `vllm bench serve` line that checks it; what decides it (`context`) and
-   re-planned what-ifs (`sensitivity`: acceptance −10/−20/−30 %, traffic × 1.5/× 2).
+   `vllm serve` line and the `vllm bench serve` line that checks it; what decides it (`context`, with the
+   step cost's cross-validated error for this model and TP size, `step_cost_fidelity.expected_error`) and
+   re-planned what-ifs (`sensitivity`: acceptance −10/−20/−30 %, traffic × 1.5/× 2, every step slower by that
+   error's p90).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.cost.step_cost import StepFeatures, quick_reduce_rule
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, load_gpu
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu
 from capacity.inputs.models import load_model
 from capacity.inputs.step_cost_fidelity import expected_error, margin_against_error
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
@@ -730,7 +732,58 @@ def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, A
                      "gpus": None if replicas is None else replicas * best.tensor_parallel_size,
                      "replicas_tried": {int(r): v for r, v in sorted(tried.items())},
                      "note": None if replicas is not None else f"misses even at plan.max_replicas = {st.cfg.max_replicas}"})
+    rows.append(_slower_step_cost(st, best, prog))
     return rows
+
+
+# Per-request delays (TTFT only) that a slower step does not change (`_slower_step_cost`), and the expert
+# efficiencies, which multiply `gemm` and `hbm` (capacity/cost/step_cost.py) and so slow with them
+_KEPT_BY_A_SLOWER_STEP = ("request_overhead_ms", "prompt_token_overhead_us", "moe", "moe_int4")
+
+
+def slower_step_overrides(gpu: GpuProfile, factor: float) -> dict[str, Any]:
+    """`gpu_overrides` that make every engine step on `gpu` `factor` times as long: fraction efficiencies divided by
+    it, step-time overheads, the scale-up latency and the per-GEMM time multiplied by it; the per-request delays and
+    the expert efficiencies (relative to `gemm` and `hbm`) kept (`_KEPT_BY_A_SLOWER_STEP`)."""
+    over: dict[str, Any] = {"efficiency": {
+        k: (v if k in _KEPT_BY_A_SLOWER_STEP else v / factor if k in FRACTION_EFFICIENCY_KEYS else v * factor)
+        for k, v in gpu.efficiency.items()}, "scaleup_latency_us": gpu.scaleup_latency_us * factor}
+    if gpu.gemm_call_us:
+        over["gemm_call_us"] = gpu.gemm_call_us * factor
+    return over
+
+
+def _slower_step_cost(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any]:
+    """GPUs the recommendation needs if every engine step is slower by the p90 TPOT error that applies to its model
+    and TP size on its GPU (`expected_error`: the profile's cross-validation): fraction efficiencies divided by
+    1 + error (`slower_step_overrides`)."""
+    dep = simulate.deploy(scenario_mod.from_dict(candidate_scenario(st.base, best, st.target, 1, 10), "plan"))
+    err = expected_error(dep.gpu, dep.model.name, best.tensor_parallel_size)
+    if not err["figures"]:
+        return {"what_if": "step cost + its p90 error", "gpus": None, "replicas": None,
+                "note": f"not re-planned: {err['in_words']}"}
+    p90 = float(err["figures"]["tpot_pct"][1])
+    slower = 1.0 + p90 / 100.0
+    label = f"step cost +{p90:.0f} %"
+    base = copy.deepcopy(st.base)
+    over = dict(base["deployment"].get("gpu_overrides") or {})
+    slowed = slower_step_overrides(dep.gpu, slower)
+    over.update({**slowed, "efficiency": {**(over.get("efficiency") or {}), **slowed["efficiency"]}})
+    base["deployment"]["gpu_overrides"] = over
+    slow = dataclasses.replace(st, base=base)
+
+    def meets(r: int) -> bool:
+        prog.update(f"what if {label}: {best.label} × {r} replicas at {st.target:g} req/s")
+        return bool(_evidence(slow, best, r, evidence_requests(st.slos, r, st.cfg.requests_per_probe))["ok_plan"])
+
+    # a slower step never needs fewer replicas: one fewer than now misses
+    replicas, tried = search_replicas(best.replicas, st.cfg.max_replicas, meets, known_miss=best.replicas - 1)
+    basis = err["basis"].replace("_", "-")
+    return {"what_if": label, "rate_rps": st.target, "replicas": replicas,
+            "gpus": None if replicas is None else replicas * best.tensor_parallel_size,
+            "replicas_tried": {int(r): v for r, v in sorted(tried.items())},
+            "note": (f"every step {p90:.1f} % slower: the p90 TPOT error of {dep.gpu.name}'s step cost ({basis})"
+                     + ("" if replicas is not None else f"; misses even at plan.max_replicas = {st.cfg.max_replicas}"))}
 
 
 def daily(st: _Setup, best: Candidate) -> dict[str, Any] | None:
