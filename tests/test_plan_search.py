@@ -329,3 +329,36 @@ def test_the_plan_names_what_it_is_for_and_replans_the_what_ifs(underestimated_p
     assert slow["rate_rps"] == pytest.approx(target) and "leave-one-model-out" in slow["note"]
     tried = {int(r): v for r, v in slow["replicas_tried"].items()}
     assert tried[slow["replicas"]] is True and slow["gpus"] >= rec["total_gpus"]   # a slower step never needs fewer
+
+
+def test_a_gpu_without_serving_rows_says_its_step_cost_error_is_not_measured(tmp_path):
+    """MI325X carries MI300X's efficiencies (a family transfer): the plan says the error is not measured, gives the
+    sibling's left-out-model error as a lower bound, and re-plans a slower step by that lower bound, saying so."""
+    sc = json.loads(json.dumps(SCENARIO))
+    sc["deployment"]["gpu"] = "MI325X"
+    sc["plan"].update({"target_rate_rps": 5, "search": {**sc["plan"]["search"], "gpu": ["MI325X"]}})
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "plan.json").read_text())["recommendation"]
+    err = rec["context"]["step_cost_error"]
+    assert err["basis"] == "sibling_leave_one_model_out" and err["sibling"] == "MI300X"
+    assert err["figures"] == load_gpu("MI300X").cross_validation["leave_one_model_out"]
+    slow = [row for row in rec["sensitivity"] if row["what_if"].startswith("step cost")]
+    assert len(slow) == 1 and slow[0]["what_if"] == "step cost +30 %"          # MI300X's p90, 30.2 %
+    assert "sibling-leave-one-model-out" in slow[0]["note"] and slow[0]["gpus"] >= rec["total_gpus"]
+
+
+def test_overridden_efficiencies_get_no_error_and_no_slower_step_what_if(tmp_path):
+    """With efficiencies of the user's own the profile's cross-validation does not describe them: not measured,
+    and no what-if is made up for it."""
+    sc = json.loads(json.dumps(SCENARIO))
+    sc["deployment"]["gpu_overrides"] = {"efficiency": {"gemm": 0.3}}
+    sc["plan"]["target_rate_rps"] = 5
+    path = tmp_path / "plan.yaml"
+    path.write_text(yaml.safe_dump(sc))
+    assert main(["plan", str(path), "--out", str(tmp_path / "out")]) == 0
+    rec = json.loads((tmp_path / "out" / "plan.json").read_text())["recommendation"]
+    assert rec["context"]["step_cost_error"]["basis"] == "not_measured"
+    assert "not cross-validated" in rec["context"]["step_cost_error"]["in_words"]
+    assert not any(row["what_if"].startswith("step cost") for row in rec["sensitivity"])

@@ -406,6 +406,10 @@ def _load_plan(folder: Path) -> Report:
             rep.summary.append(f"For {ctx.get('model')} ({ctx.get('precision')} weights), {ctx.get('traffic')}"
                                + (f"; binding SLO {ctx['binding_slo']}" if ctx.get("binding_slo") else "")
                                + (f". {ctx['acceptance_in_words']}" if ctx.get("acceptance_in_words") else ""))
+            err = ctx.get("step_cost_error")
+            if isinstance(err, dict) and err.get("in_words"):
+                rep.summary.append("Step cost: " + err["in_words"]
+                                   + (f" So {err['against_binding_margin']}" if err.get("against_binding_margin") else ""))
         sens = rec.get("sensitivity")
         if isinstance(sens, list) and sens:
             rep.summary.append("What if (re-planned by simulation): " + "; ".join(

@@ -732,7 +732,9 @@ def sensitivity(st: _Setup, best: Candidate, prog: Progress) -> list[dict[str, A
                      "gpus": None if replicas is None else replicas * best.tensor_parallel_size,
                      "replicas_tried": {int(r): v for r, v in sorted(tried.items())},
                      "note": None if replicas is not None else f"misses even at plan.max_replicas = {st.cfg.max_replicas}"})
-    rows.append(_slower_step_cost(st, best, prog))
+    slower = _slower_step_cost(st, best, prog)
+    if slower is not None:
+        rows.append(slower)
     return rows
 
 
@@ -753,15 +755,14 @@ def slower_step_overrides(gpu: GpuProfile, factor: float) -> dict[str, Any]:
     return over
 
 
-def _slower_step_cost(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any]:
+def _slower_step_cost(st: _Setup, best: Candidate, prog: Progress) -> dict[str, Any] | None:
     """GPUs the recommendation needs if every engine step is slower by the p90 TPOT error that applies to its model
     and TP size on its GPU (`expected_error`: the profile's cross-validation): fraction efficiencies divided by
-    1 + error (`slower_step_overrides`)."""
+    1 + error (`slower_step_overrides`). None where that error is not measured (the context says so)."""
     dep = simulate.deploy(scenario_mod.from_dict(candidate_scenario(st.base, best, st.target, 1, 10), "plan"))
     err = expected_error(dep.gpu, dep.model.name, best.tensor_parallel_size)
     if not err["figures"]:
-        return {"what_if": "step cost + its p90 error", "gpus": None, "replicas": None,
-                "note": f"not re-planned: {err['in_words']}"}
+        return None
     p90 = float(err["figures"]["tpot_pct"][1])
     slower = 1.0 + p90 / 100.0
     label = f"step cost +{p90:.0f} %"
