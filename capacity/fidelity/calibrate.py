@@ -746,15 +746,18 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     if out:
         save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on,
                      cross_validation_section(result, list(train_rows["model"]), [int(p.cost.tp) for p in train],
-                                              " ".join(["capacity calibrate", *_command_words(gpu, hold, fit_also)])
+                                              " ".join(["capacity calibrate", *_command_words(gpu, hold, fit_also,
+                                                                                               files)])
                                               + f" ({date.today()})") if cross_validate else None)
         result.out = out
     _write_acceptance(result, meas.acceptance, out)
     return result
 
 
-def _command_words(gpu: str, hold: tuple[str, ...], fit_also: tuple[str, ...]) -> list[str]:
-    return [f"--gpu {gpu}", *(f"--hold {k}" for k in hold), *(f"--fit {k}" for k in fit_also)]
+def _command_words(gpu: str, hold: tuple[str, ...], fit_also: tuple[str, ...], files: list[str] | None) -> list[str]:
+    """The calibrate command line that wrote a profile, for its `cross_validation.measured_by`."""
+    return [*(str(f) for f in files or []), f"--gpu {gpu}", *(f"--hold {k}" for k in hold),
+            *(f"--fit {k}" for k in fit_also)]
 
 
 def _error_figures(table: list[dict[str, Any]]) -> dict[str, list[float]] | None:
