@@ -1,0 +1,82 @@
+"""Fixed time and streamed bytes of a decode step, read from two TP sizes of one measured series.
+
+    python scripts/tp_pairs.py MI355X [--users 4] [--profile hw_profiles/MI355X.yaml]
+
+At a few users a decode step is fixed time F (the layer kernels' fixed cost, per step) plus the weight and KV
+bytes B that tensor parallelism divides, plus the all-reduces A(TP): TPOT(TP) ~ F + B / TP + A(TP). Two TP sizes
+of one series (same model, precision, date, vLLM build, prompt and output lengths, users) give F and B, with
+A(TP) taken from the step-cost model (`decode_parts` of the row's own scenario at `--users` sequences of the mean
+decode context). Beside them the model's own F (the "overhead" part) and B (the roofline parts times TP, in TP1
+terms), so a fixed cost counted from structure can be checked against the rows without a fit
+(docs/seed_validation.md section 34). Rows: the shipped calibration rows of the GPU
+(capacity/data/measurements/serving_vllm.csv). Run by hand; not part of the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from capacity.fidelity.serving import default_files
+from capacity.inputs import scenario as scenario_mod
+from capacity.inputs.hardware import load_gpu
+from capacity.measurements.row_scenario import row_scenario
+from capacity.measurements.schemas import parse_float, read_measurements
+from capacity.sim import simulate
+
+SERIES = ["model", "precision", "date", "framework_version", "isl", "osl"]
+
+
+def modelled(row: dict, users: int, profile: str) -> dict[str, float] | None:
+    """The model's decode step of `row`'s deployment at `users` sequences: (all-reduce, fixed, streamed) ms."""
+    sc, why = row_scenario(row)
+    if sc is None:
+        return None
+    sc["deployment"]["gpu"] = profile
+    dep = simulate.deploy(scenario_mod.from_dict(sc, "tp-pair"))
+    context = int(parse_float(row["isl"]) + parse_float(row["osl"]) / 2)
+    _, parts = dep.cost.decode_parts(np.full((1, users), context), 1)
+    ms = {k: float(np.ravel(v)[0]) * 1e3 for k, v in parts.items()}
+    tp = dep.cost.tp
+    return {"allreduce": ms.get("allreduce", 0.0), "fixed": ms["overhead"],
+            "bytes_tp1": tp * (ms.get("dense_gemm", 0.0) + ms.get("moe_gemm", 0.0) + ms.get("attention", 0.0)),
+            "layers": dep.model.num_layers}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("gpu")
+    ap.add_argument("--users", type=int, default=4)
+    ap.add_argument("--profile", help="profile the model's parts come from (default: the GPU's shipped one)")
+    args = ap.parse_args()
+    profile = args.profile or args.gpu
+    load_gpu(profile)
+    rows = pd.concat([read_measurements(p) for p in default_files()], ignore_index=True)
+    rows = rows[(rows["gpu"] == args.gpu) & (pd.to_numeric(rows["concurrency_or_qps"], errors="coerce") == args.users)]
+    rows = rows[rows["spec_method"].isna() | (rows["spec_method"] == "none")]
+    out = []
+    for key, group in rows.groupby(SERIES, dropna=False):
+        by_tp = {int(parse_float(r["tp"])): r for r in group.to_dict(orient="records")}
+        for t1, t2 in itertools.combinations(sorted(by_tp), 2):
+            m1, m2 = modelled(by_tp[t1], args.users, profile), modelled(by_tp[t2], args.users, profile)
+            if m1 is None or m2 is None:
+                continue
+            y1 = parse_float(by_tp[t1]["tpot_ms"]) - m1["allreduce"]
+            y2 = parse_float(by_tp[t2]["tpot_ms"]) - m2["allreduce"]
+            b = (y1 - y2) / (1 / t1 - 1 / t2)
+            f = y1 - b / t1
+            out.append({"model": str(key[0])[:24], "precision": key[1], "date": key[2], "isl/osl": f"{parse_float(key[4]):.0f}/{parse_float(key[5]):.0f}",
+                        "TP pair": f"{t1}/{t2}", "TPOT ms": f"{parse_float(by_tp[t1]['tpot_ms']):.2f}/{parse_float(by_tp[t2]['tpot_ms']):.2f}",
+                        "A ms": f"{m1['allreduce']:.2f}/{m2['allreduce']:.2f}",
+                        "F ms": round(f, 2), "F us/layer": round(1e3 * f / m1["layers"], 0),
+                        "model F ms": round(m1["fixed"], 2), "B ms (TP1)": round(b, 2),
+                        "model B ms (TP1)": round(m1["bytes_tp1"], 2)})
+    pd.set_option("display.width", 250)
+    print(pd.DataFrame(out).to_string(index=False) if out else "no series with two TP sizes at this load")
+
+
+if __name__ == "__main__":
+    main()
