@@ -2,6 +2,8 @@
 it is routed to (routing, sorting, the tokens' gather and scatter), so TP does not divide it. Truth: n tokens x top-k
 x MoE layers x the time per routed token, the same at every TP size, and nothing for a dense model or with the entry
 absent (0)."""
+
+import numpy as np
 import pytest
 
 from capacity.cost.step_cost import StepCostModel
@@ -53,3 +55,22 @@ def test_a_profile_that_ships_the_term_refits_it_without_being_asked():
     assert opt_in_keys_fitted(keys, (), load_gpu("MI355X").efficiency, why) == ("gemm",)   # MI355X has none: opt-in
     assert "--fit" in why["moe_token_overhead_ns"]
     assert opt_in_keys_fitted(keys, ("moe_token_overhead_ns",), load_gpu("MI355X").efficiency, {}) == keys
+
+
+@pytest.mark.parametrize("tp, stored", [(1, 3072), (2, 1536), (4, 768), (8, 512)])
+def test_gpt_oss_expert_rounding_on_rocm_follows_vllms_round_up(monkeypatch, tp, stored):
+    """The screening switch GPT_OSS_ROCM_EXPERT_ROUNDING prices vLLM's rounding of gpt-oss's expert width per rank
+    on ROCm (quark_moe.py: round_up(intermediate_size_per_partition, 256)): 2880 / TP stored as `stored`, so the
+    expert bytes and FLOPs per GPU grow by stored / (2880 / TP); nothing on CUDA, nothing with the switch off."""
+    from capacity.cost import step_cost
+
+    m = load_model("openai/gpt-oss-120b")
+    f = StepCostModel(load_gpu("MI355X"), m, tp).decode_features(np.full((1, 4), 1024))
+    off = StepCostModel(load_gpu("MI355X"), m, tp).time_parts(f, with_overhead=False)["moe_gemm"]
+    monkeypatch.setattr(step_cost, "GPT_OSS_ROCM_EXPERT_ROUNDING", 256)
+    on = StepCostModel(load_gpu("MI355X"), m, tp).time_parts(f, with_overhead=False)["moe_gemm"]
+    per_token = load_gpu("MI355X").efficiency.get("moe_token_overhead_ns", 0.0)
+    assert per_token == 0.0    # the shipped MI355X profile has no per-routed-token time: moe_gemm is the roofline
+    assert float(np.ravel(on)[0]) == pytest.approx(float(np.ravel(off)[0]) * stored / (2880 / tp), rel=1e-12)
+    h200 = StepCostModel(load_gpu("H200"), m, tp)
+    assert h200._expert_pad == 1.0

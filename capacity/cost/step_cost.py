@@ -160,6 +160,13 @@ KV_READ_DEFAULT = 1.0
 # all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
 # --variant "NAME=GPU;MOE_TOKEN_COST_SPLIT_BY_EP=True"); docs/seed_validation.md section 32.
 MOE_TOKEN_COST_SPLIT_BY_EP = False
+# Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
+# vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
+# gpt_oss on ROCm, intermediate_size_per_partition_after_pad = round_up(intermediate_size_per_partition, 256), so
+# 2880 / TP = 2880, 1440, 720, 360 are stored and multiplied as 3072, 1536, 768, 512 (+7 % at TP1-4, +42 % at TP8).
+# A screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;GPT_OSS_ROCM_EXPERT_ROUNDING=256");
+# docs/seed_validation.md section 34.
+GPT_OSS_ROCM_EXPERT_ROUNDING = 0
 
 
 @dataclass(frozen=True)
@@ -687,6 +694,11 @@ class StepCostModel:
         # fixed time per GEMM kernel beyond its roofline (a profile's opt-in `gemm_call_us`; module docstring)
         self._dense_call_s = dense_calls * gpu.gemm_call_us * 1e-6
         self._expert_call_s = expert_calls * gpu.gemm_call_us * 1e-6
+        # vLLM's rounding of gpt-oss's expert width per rank on ROCm (GPT_OSS_ROCM_EXPERT_ROUNDING), expert-sliced only
+        self._expert_pad = 1.0
+        if GPT_OSS_ROCM_EXPERT_ROUNDING and gpu.is_rocm and model.model_type == "gpt_oss" and self.ep == 1:
+            width = model.expert_intermediate_size / self.tp
+            self._expert_pad = -(-width // GPT_OSS_ROCM_EXPERT_ROUNDING) * GPT_OSS_ROCM_EXPERT_ROUNDING / width
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
         self.tables = AttentionTables(model, query_tile)
@@ -839,15 +851,16 @@ class StepCostModel:
             # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
             moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
+            pad = self._expert_pad
             if self._expert_curve is None:
-                flops_s = m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
+                flops_s = pad * m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
             else:
                 ceiling, extra = self._expert_curve
-                flops_s = (m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
+                flops_s = (pad * m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
             # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
             # never faster than this GPU's own HBM
             stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
-            bytes_s = m.num_moe_layers * experts * m.expert_weight_bytes / (tp * stream)
+            bytes_s = pad * m.num_moe_layers * experts * m.expert_weight_bytes / (tp * stream)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)
