@@ -13,6 +13,7 @@ from capacity.inputs import scenario
 
 from capacity.sim import simulate
 from capacity.cli import main
+from capacity.inputs.hardware import load_gpu
 
 
 def small(**traffic) -> scenario.Scenario:
@@ -71,6 +72,10 @@ def test_same_seed_same_bytes(capsys):
         assert json.loads(first)[part] == second[part]
     assert {"metrics", "stable", "num_gpus", "scenario"} <= second.keys()
     assert set(second["metrics"]["ttft_ms"]) >= {"mean", "p50", "p90", "p99"}
+    # the default model (gemma-4-31B) is not among MI300X's calibration models: a left-out model's error applies
+    err = second["step_cost_error"]
+    assert err["basis"] == "leave_one_model_out" and err["model_in_fit"] is False
+    assert err["figures"] == load_gpu(second["scenario"]["deployment"]["gpu"]).cross_validation["leave_one_model_out"]
 
 
 def test_json_reruns_are_byte_identical(capsys, tmp_path):

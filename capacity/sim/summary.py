@@ -40,6 +40,9 @@ def simulation_payload(result: SimulationResult) -> dict[str, Any]:
         "metrics": result.metrics,
         "memory": result.deployed.memory,
         "step_breakdown_s": result.step_breakdown_s,
+        # the error the step cost carries for this model and TP size on this GPU (the profile's cross-validation)
+        "step_cost_error": expected_error(result.deployed.gpu, result.deployed.model.name,
+                                          sc.deployment.tensor_parallel_size),
         # no wall-clock figures here: two runs of one scenario and seed write the same bytes (the text
         # summary says how long the run took)
         "simulation": {
