@@ -19,9 +19,10 @@ from typing import Any
 
 from capacity.inputs.hardware import TRANSFERRED_BASIS, GpuProfile, load_gpu
 
-# which error figure an SLO's metric is judged by: TPOT for the per-token and per-request decode metrics
+# which error figure an SLO's metric (`sim.metrics.Slo.metric`) is judged by: TPOT for the per-token and per-request
+# decode metrics
 _SLO_FIGURE = {"ttft": "ttft_pct", "tpot": "tpot_pct", "itl": "tpot_pct", "tok_s_per_user": "tpot_pct",
-               "e2e": "tpot_pct", "e2el": "tpot_pct"}
+               "e2e": "tpot_pct"}
 
 
 def transferred_from(profile: GpuProfile) -> str | None:
@@ -30,11 +31,6 @@ def transferred_from(profile: GpuProfile) -> str | None:
         if key.startswith("efficiency.") and record.basis.startswith(TRANSFERRED_BASIS):
             return record.basis[len(TRANSFERRED_BASIS):].split()[0]
     return None
-
-
-def slo_figure(slo: str) -> str | None:
-    """The error figure ('tpot_pct', 'ttft_pct') an SLO such as 'tpot:p90<15ms' is judged by, or None."""
-    return _SLO_FIGURE.get(slo.split(":", 1)[0].strip().lower())
 
 
 def expected_error(profile: GpuProfile, model_id: str, tensor_parallel_size: int) -> dict[str, Any]:
@@ -82,11 +78,11 @@ def expected_error(profile: GpuProfile, model_id: str, tensor_parallel_size: int
     return out
 
 
-def margin_against_error(error: dict[str, Any], slo: str | None, margin: float | None) -> str | None:
-    """A sentence comparing an SLO's margin (a fraction) with the p90 error of the figure that judges it, or None
-    where either is missing."""
+def margin_against_error(error: dict[str, Any], slo_metric: str | None, margin: float | None) -> str | None:
+    """A sentence comparing the margin (a fraction) of an SLO on `slo_metric` (`sim.metrics.Slo.metric`: ttft, tpot,
+    itl, e2e, tok_s_per_user) with the p90 error of the figure that judges it, or None where either is missing."""
     figures = error.get("figures")
-    key = slo_figure(slo) if slo else None
+    key = _SLO_FIGURE.get(slo_metric) if slo_metric else None
     if not figures or key is None or margin is None:
         return None
     median, p90 = figures[key]

@@ -879,8 +879,8 @@ def context(st: _Setup, best: Candidate, rec: dict[str, Any]) -> dict[str, Any]:
                     f"{scaled}; the GPU count rests on it (see the what-ifs).")
     # how far the step cost can be trusted for this model and TP size on this GPU, against the binding margin
     error = expected_error(dep.gpu, dep.model.name, best.tensor_parallel_size)
-    error["against_binding_margin"] = margin_against_error(error, binding and binding["slo"],
-                                                           binding and binding["margin"])
+    error["against_binding_margin"] = margin_against_error(
+        error, parse_slos(binding["slo"])[0].metric if binding else None, binding and binding["margin"])
     return {"model": sc.deployment.model, "precision": dep.model.weight_precision,
             "kv_cache_dtype": sc.deployment.kv_cache_dtype, "traffic": shape,
             "binding_slo": None if binding is None else binding["slo"],
