@@ -161,3 +161,14 @@ def test_prior_pulls_toward_the_microbenchmark_anchor_only_as_much_as_its_weight
     r = calibrate._prior_residuals(np.array([0.3, 0.5]), ("gemm", "allreduce"), anchors, weights)
     assert r.tolist() == pytest.approx([10.0 * math.log(0.3 / anchors["gemm"]),
                                         calibrate.PRIOR_WEIGHT * math.log(0.5 / anchors["allreduce"])])
+
+
+def test_an_assumed_anchor_is_no_prior_only_a_measurement_of_this_gpu_is():
+    """MI355X has a measured GEMM ceiling (MAMF 1565 of 2516 bf16 TFLOPS) but its HBM, attention and all-reduce
+    anchors are MI300X's ratios copied as assumptions (the notes say 'assumed'): only the measurement pulls
+    the fit. MI300X measured all four on its own hardware, so all four stay anchors."""
+    anchors = calibrate.prior_efficiencies(load_gpu("MI355X"))
+    assert anchors == {"gemm": pytest.approx(1565 / 2516, abs=1e-3)}
+    assert set(calibrate.prior_efficiencies(load_gpu("MI300X"))) == {"gemm", "hbm", "attention", "allreduce"}
+    fresh = load_gpu("MI300X").with_overrides(efficiency={"hbm": 0.8})   # an override is not an assumption
+    assert calibrate.prior_efficiencies(fresh)["hbm"] == pytest.approx(0.8)

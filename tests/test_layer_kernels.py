@@ -1,7 +1,7 @@
 """Per-layer fixed cost weighted by the kernels each layer launches (opt-in `kernels_per_dense_layer`).
 
 Independent truth: the kernel counts written out from vLLM's decoder layers (a dense layer 9 kernels, a MoE
-layer 13, a shared expert 3 more, an MLA attention block 5 more than a GQA one, a q/k RMSNorm 2 more;
+layer 13, a shared expert 3 more, an MLA attention block 7 more than a GQA one, a q/k RMSNorm 2 more;
 capacity/cost/step_cost.py states where they come from) and the models' layer structure from their
 config.json files."""
 
@@ -25,7 +25,7 @@ LEAF = """kernels_per_dense_layer:
     ("Llama-3.3-70B-Instruct", 80.0),                 # 80 dense layers
     ("gpt-oss-120b", 36 * 13 / 9),                    # 36 MoE layers, no shared expert
     # first layer dense, 60 MoE layers with a shared expert; all 61 layers MLA (kv_lora_rank in its config)
-    ("Kimi-K2.5", (1 * (9 + 5) + 60 * (13 + 3 + 5)) / 9),
+    ("Kimi-K2.5", (1 * (9 + 7) + 60 * (13 + 3 + 7)) / 9),
     ("MiniMax-M2.5", 62 * (13 + 2) / 9),               # 62 MoE layers, use_qk_norm (per layer), no shared expert
 ])
 def test_kernel_weighted_layer_units(model, units):
@@ -83,3 +83,22 @@ def test_a_family_transfer_carries_the_kernel_count(tmp_path):
         child.write_text(re.sub(r"(family_transfer:\n  from: ).*", r"\g<1>" + str(sibling), text))
         assert load_gpu(child).kernels_per_dense_layer == expected
     assert load_gpu("MI325X").kernels_per_dense_layer == load_gpu("MI300X").kernels_per_dense_layer == 9
+
+
+@pytest.mark.parametrize("model, moe_layers, shared", [("gpt-oss-120b", 36, False), ("Kimi-K2.5", 60, True),
+                                                       ("MiniMax-M2.5", 62, False), ("Llama-3.3-70B-Instruct", 0, False)])
+def test_aiters_fused_moe_runs_two_kernels_fewer_per_moe_layer(model, moe_layers, shared):
+    """AITER's two-stage fused MoE fuses the activation into the first grouped GEMM and the top-k weighted sum
+    into the second (aiter/fused_moe.py: ck_moe_stage1 / ck_moe_stage2), so each MoE layer runs two kernels fewer
+    than vLLM's Triton fused MoE (separate silu_and_mul and moe_sum); a dense model is the same on both."""
+    m = load_model(model)
+    triton, aiter = layer_overhead_units(m, 9, "triton"), layer_overhead_units(m, 9, "aiter")
+    assert (triton - aiter) * 9 == pytest.approx(2 * moe_layers)
+    assert layer_overhead_units(m, 9) == triton                       # vLLM's default path
+
+
+def test_aiters_fused_moe_is_refused_off_amd_in_one_line():
+    from capacity.errors import CapacityError
+    with pytest.raises(CapacityError, match="AMD Instinct GPUs only; H100 is not one"):
+        StepCostModel(load_gpu("H100"), load_model("gpt-oss-120b"), 1, moe_backend="aiter")
+    assert StepCostModel(load_gpu("MI355X"), load_model("gpt-oss-120b"), 1, moe_backend="aiter").moe_backend == "aiter"

@@ -222,3 +222,26 @@ def test_a_load_short_of_what_the_kv_cache_allows_is_flagged(rows):
     assert in_flight_ratio(llama, sc, 64, 2, 8192, 1024) > IN_FLIGHT_SHORTFALL
     sc["deployment"]["kv_cache_dtype"] = "fp8"
     assert in_flight_ratio(llama, sc, 64, 2, 8192, 1024) < 0.6
+
+
+def test_series_whose_script_turns_on_aiter_run_its_fused_moe_and_the_others_vllms_triton_one(rows):
+    """VLLM_ROCM_USE_AITER=1 (or the AITER a16w4 fused-MoE variable) in a series' script puts its experts on AITER's
+    fused MoE (engine.moe_backend: aiter); MiniMax-M2.5 FP8 8k/1k at TP8/EP8 on 2026-05-06 turned AITER's MoE off
+    (VLLM_ROCM_USE_AITER_MOE=0, minimaxm2.5_fp8_mi355x.sh:49); MI300X's 2025-11-02 gpt-oss script sets no AITER
+    variable (gptoss_fp4_mi300x_slurm.sh:33-35 set only attention and GEMM ones); no NVIDIA row names one."""
+    def backends(**match):
+        sel = rows[(rows.source_id == "inferencex_api_snapshot_2026-05-09")]
+        for k, v in match.items():
+            sel = sel[sel[k].astype(str).str.startswith(str(v))] if isinstance(v, str) else sel[sel[k] == v]
+        return {row_scenario(r)[0]["engine"].get("moe_backend", "auto") for r in sel.to_dict("records")
+                if row_scenario(r)[0] is not None}
+
+    assert backends(gpu="MI355X", model="Kimi-K2.5", precision="fp4") == {"aiter"}
+    assert backends(gpu="MI355X", model="MiniMax-M2.5", precision="fp4") == {"aiter"}
+    assert backends(gpu="MI300X", model="MiniMax-M2.5", precision="fp8") == {"aiter"}
+    assert backends(gpu="MI355X", model="MiniMax-M2.5", framework_version="vllm/vllm-openai-rocm:v0.19.0",
+                    isl="8192", tp="8") == {"auto"}
+    assert backends(gpu="MI355X", model="MiniMax-M2.5", framework_version="vllm/vllm-openai-rocm:v0.19.0",
+                    isl="8192", tp="4") == {"aiter"}
+    assert backends(gpu="MI300X", model="gpt-oss-120b", date="2025-11-02") == {"auto"}
+    assert backends(gpu="H200") == {"auto"}

@@ -282,15 +282,24 @@ def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduc
 # softmax, expert alignment (moe_align / sorting), the two grouped expert GEMMs, SiLU-and-mul and the
 # weighted sum: 7, so 13, plus the shared expert's three.
 MOE_LAYER_KERNELS = 13
+# AITER's fused MoE (ROCm with VLLM_ROCM_USE_AITER=1, engine.moe_backend: aiter) runs the experts in two stages
+# whose kernels fuse the activation into the first grouped GEMM and the top-k weighted sum into the second
+# (aiter/fused_moe.py: moe_sorting, then ck_moe_stage1 with the activation, then ck_moe_stage2, which accumulates
+# each token's top-k outputs), so the MLP's three become the router GEMM, top-k, sorting and the two stages: 5, so 11.
+AITER_MOE_LAYER_KERNELS = 11
 SHARED_EXPERT_KERNELS = 3
 # Kernels an attention block launches beyond the GQA block's five counted above (basis: assumed counts from
 # vLLM's model code, not traced). MLA (DeepSeek-V3 / Kimi-K2.5; vllm/model_executor/layers/mla.py
 # MultiHeadLatentAttentionWrapper.forward) runs fused_qkv_a_proj, q_a_layernorm, kv_a_layernorm and q_b_proj
-# before attention and the MLA backend's W_UK and W_UV batched matmuls around its decode kernel: ten where GQA
-# runs five. A q/k RMSNorm adds two: Qwen3's per-head q_norm and k_norm; MiniMax-M2's per-layer norm
+# before attention and the MLA backend's W_UK and W_UV batched matmuls around its decode kernel; that decode runs
+# in two kernels, the split-KV partial attention and its reduction (vLLM's triton_decode_attention.py; AITER's
+# mla_decode_fwd, aiter/mla.py), and the rotary of q_pe / k_pe runs apart from the latent cache write
+# (concat_and_cache_mla): twelve where GQA runs five, 7 more (5 until 2026-12-06, which counted the decode as one
+# kernel and the rotary with the cache write; docs/seed_validation.md §35). A q/k RMSNorm adds two: Qwen3's
+# per-head q_norm and k_norm; MiniMax-M2's per-layer norm
 # (vllm/model_executor/layers/mamba/linear_attn.py MiniMaxText01RMSNormTP.forward_qk) reduces the variance
 # before its all-reduce and scales after it.
-MLA_EXTRA_KERNELS = 5
+MLA_EXTRA_KERNELS = 7
 QK_NORM_EXTRA_KERNELS = 2
 # Bytes per token of MiniMax-M2's per-layer q/k-norm all-reduce: the q and k variances in fp32, all-reduced
 # over the tensor-parallel group once per layer when TP > 1 (forward_qk above: torch.cat([q_var, k_var])
@@ -298,17 +307,19 @@ QK_NORM_EXTRA_KERNELS = 2
 QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 
 
-def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0) -> float:
+def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, moe_backend: str = "triton") -> float:
     """What `layer_overhead_us` multiplies. Without a kernel count (0): the number of layers. With one (a
     profile's opt-in `kernels_per_dense_layer`): the kernels of all layers in units of a dense layer's, so
     `layer_overhead_us` is the fixed GPU time of a dense layer's kernels and a MoE layer, which launches more
-    (MOE_LAYER_KERNELS), costs proportionally more (docs/seed_validation.md §18)."""
+    (MOE_LAYER_KERNELS; AITER_MOE_LAYER_KERNELS where `moe_backend` is AITER's fused MoE), costs proportionally
+    more (docs/seed_validation.md §18, §35)."""
     if kernels_per_dense_layer <= 0:
         return float(model.num_layers)
     moe = model.num_moe_layers
+    moe_kernels = AITER_MOE_LAYER_KERNELS if moe_backend == "aiter" else MOE_LAYER_KERNELS
     attention_extra = (MLA_EXTRA_KERNELS if model.uses_mla else 0) + (QK_NORM_EXTRA_KERNELS if model.qk_norm else 0)
     kernels = ((model.num_layers - moe) * kernels_per_dense_layer
-               + moe * (MOE_LAYER_KERNELS + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0))
+               + moe * (moe_kernels + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0))
                + model.num_layers * attention_extra)
     return kernels / kernels_per_dense_layer
 
@@ -640,7 +651,7 @@ class StepCostModel:
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
                  model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True,
-                 quick_reduce_quantization: str = "none", attention_backend: str = "auto"):
+                 quick_reduce_quantization: str = "none", attention_backend: str = "auto", moe_backend: str = "auto"):
         self.gpu = gpu
         # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
         self.async_scheduling = bool(async_scheduling)
@@ -680,7 +691,12 @@ class StepCostModel:
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
-        self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer)
+        # the fused-MoE kernels vLLM runs (scenario engine.moe_backend; 'auto': its default Triton fused MoE)
+        if moe_backend == "aiter" and not gpu.is_rocm:
+            raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
+                                f"GPUs only; {gpu.name} is not one: use auto or triton")
+        self.moe_backend = "triton" if moe_backend == "auto" else moe_backend
+        self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend)
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         self._quick_reduce = quick_reduce_rule(gpu.architecture, self.tp, quick_reduce_quantization)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype

@@ -253,7 +253,8 @@ class Repricer:
                                   async_scheduling=rec.scenario.get("engine", {}).get("async_scheduling", True),
                                   quick_reduce_quantization=rec.scenario.get("engine", {}).get(
                                       "quick_reduce_quantization", "none"),
-                                  attention_backend=rec.scenario.get("engine", {}).get("attention_backend", "auto"))
+                                  attention_backend=rec.scenario.get("engine", {}).get("attention_backend", "auto"),
+                                  moe_backend=rec.scenario.get("engine", {}).get("moe_backend", "auto"))
         f = rec.features
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
@@ -458,21 +459,30 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
 
 
 def prior_efficiencies(profile: GpuProfile) -> dict[str, float]:
-    """The pre-calibration anchor of each PRIOR_KEYS efficiency: its value if the profile was never
-    fitted (a microbenchmark ratio, or an assumption that says so), else the value its note records
-    as 'before calibration' (save_profile keeps it across refits)."""
+    """The pre-calibration anchor of each PRIOR_KEYS efficiency that is a measurement of this GPU: its value
+    if the profile was never fitted, else the value its note records as 'before calibration' (save_profile
+    keeps it across refits). An anchor labelled `assumed` (no microbenchmark of this GPU: a sibling's ratio
+    or a guess, e.g. MI355X's HBM, attention and all-reduce ratios copied from MI300X) is no prior: a guess
+    held with the weight of PRIOR_WEIGHT rows is not evidence, and on MI355X it held `moe` on its bound once
+    the per-routed-token time was fitted (docs/seed_validation.md section 35)."""
     out = {}
     for k in PRIOR_KEYS:
         leaf = profile.provenance.get(f"efficiency.{k}")
         if leaf is None:
             continue
         if leaf.basis.strip().lower() != "fitted":
-            out[k] = float(leaf.value)
+            if not _is_assumed(leaf.basis):
+                out[k] = float(leaf.value)
             continue
-        m = re.search(r"before calibration: ([0-9.eE+-]+)", leaf.note or "")
-        if m:
+        m = re.search(r"before calibration: ([0-9.eE+-]+) *(\(([^:)]*))?", leaf.note or "")
+        if m and not _is_assumed(m.group(3) or ""):
             out[k] = float(m.group(1))
     return {k: v for k, v in out.items() if v > 0}
+
+
+def _is_assumed(basis: str) -> bool:
+    """Whether a basis (or the basis a 'before calibration' note records) says the value is assumed."""
+    return basis.strip().lower().startswith("assumed")
 
 
 def _prior_residuals(x: np.ndarray, keys: tuple[str, ...], prior: dict[str, float],

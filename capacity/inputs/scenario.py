@@ -132,6 +132,12 @@ class Engine(_Strict):
                             "128 rows, 32 on hybrid models; efficiency.attention_triton), 'auto': vLLM's choice as "
                             "the simulator knows it (triton for a model with attention sinks on ROCm, flash "
                             "otherwise; GpuProfile.attention_efficiency_key)")
+    moe_backend: Literal["auto", "triton", "aiter"] = Field(
+        "auto", description="the fused-MoE kernels vLLM runs a MoE model's experts with: 'triton' (vLLM's fused_moe: "
+                            "grouped GEMMs with separate activation and top-k sum kernels), 'aiter' (AMD AITER's two-stage "
+                            "fused MoE, VLLM_ROCM_USE_AITER=1 on AMD Instinct GPUs: two kernels fewer per MoE layer), "
+                            "'auto': vLLM's default, triton. Only the fixed time per kernel of a profile with "
+                            "kernels_per_dense_layer depends on it")
     activation_reserve_gb: float | None = Field(
         None, ge=0,
         description="per-GPU memory besides the weights that vLLM's start-up profiling takes from the KV cache "

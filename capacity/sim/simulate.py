@@ -107,7 +107,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel,
                                  async_scheduling=async_scheduling,
                                  quick_reduce_quantization=e.quick_reduce_quantization,
-                                 attention_backend=e.attention_backend))
+                                 attention_backend=e.attention_backend, moe_backend=e.moe_backend))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory_gb, speculation,
                     drop_last_cached_block=uses_target_hidden_states(speculation.method))
 
