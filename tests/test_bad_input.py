@@ -369,3 +369,11 @@ def test_rocm_attn_for_a_model_whose_heads_it_does_not_take(capsys):
     have 512, so vLLM refuses it ('head_size not supported', vLLM PR #38824) and runs TRITON_ATTN."""
     refused(["simulate", "--set", "engine.attention_backend=rocm", *SMALL], capsys,   # the default: gemma-4-31B-it
             "attention_backend", "ROCM_ATTN", "512")
+
+
+def test_aiters_fused_moe_on_a_gpu_that_is_not_amd(capsys):
+    """AITER is AMD's kernel library (vLLM uses it only on ROCm, VLLM_ROCM_USE_AITER); asking for its fused MoE on an
+    NVIDIA GPU is a mistake, and a backend vLLM does not have is refused by the schema."""
+    refused(["simulate", "--set", "deployment.gpu=H100", "--set", "engine.moe_backend=aiter", *SMALL], capsys,
+            "moe_backend", "AITER", "H100")
+    refused(["simulate", "--set", "engine.moe_backend=cutlass", *SMALL], capsys, "moe_backend", "aiter")

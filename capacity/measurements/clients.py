@@ -103,6 +103,12 @@ def attention_backend(row: dict[str, Any]) -> str:
     return str(_serve_flags().get(str(row.get("target")), {}).get("attention_backend", "auto"))
 
 
+def moe_backend(row: dict[str, Any]) -> str:
+    """The fused-MoE kernels a seed-article row's target is simulated with (a scenario's engine.moe_backend): the
+    target's `moe_backend` in `seed_serve_flags.yaml`, else "auto"."""
+    return str(_serve_flags().get(str(row.get("target")), {}).get("moe_backend", "auto"))
+
+
 @lru_cache(maxsize=1)
 def _serve_flags() -> dict[str, Any]:
     return (yaml.safe_load((data_dir() / "measurements" / "seed_serve_flags.yaml").read_text()) or {}).get("targets", {})
