@@ -535,7 +535,7 @@ def test_sibling_gpus_decode_within_their_datasheet_ratios():
     ratio = _one_user_tpot_ms("MI325X") / _one_user_tpot_ms("MI300X")
     assert 5.3 / 6.0 <= ratio <= 1.0
     ratio = _one_user_tpot_ms("MI350X") / _one_user_tpot_ms("MI355X")
-    assert 1.0 <= ratio <= 2400 / 2200
+    assert 1.0 - 1e-9 <= ratio <= 2400 / 2200   # equal where the step does not depend on the clock
 
 
 def _mi325x_document() -> dict:

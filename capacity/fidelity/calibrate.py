@@ -750,8 +750,8 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     train_rows = pd.DataFrame([p.rec.row for p in train])
     result.fitted_on = (f"capacity calibrate on {len(train)} rows ({_describe_sources(train_rows, paths)}), "
                         f"fitted {', '.join(keys)}"
-                        + (f" with prior weight {_describe_weights(weights)} toward the microbenchmark anchors"
-                           if _active_prior(prior, weights) else "")
+                        + (f" with prior weight {_describe_weights(weights)} toward the microbenchmark anchors "
+                           f"measured on this GPU ({', '.join(sorted(prior))})" if _active_prior(prior, weights) else "")
                         + f", {date.today()}")
     if out:
         save_profile(profile, out, {k: fitted[k] for k in keys}, result.fitted_on,
