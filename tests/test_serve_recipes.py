@@ -245,3 +245,14 @@ def test_series_whose_script_turns_on_aiter_run_its_fused_moe_and_the_others_vll
                     isl="8192", tp="4") == {"aiter"}
     assert backends(gpu="MI300X", model="gpt-oss-120b", date="2025-11-02") == {"auto"}
     assert backends(gpu="H200") == {"auto"}
+
+
+def test_seed_targets_run_aiters_fused_moe_where_their_command_sets_aiter_and_aiter_has_their_experts():
+    """The seed article's commands (seed_serve_flags.yaml) set VLLM_ROCM_USE_AITER=1 for Qwen3.6-35B-A3B, Kimi-K2.5
+    and MiniMax-M3-MXFP8; Kimi-K2.5's int4 W4A16 experts run vLLM's Triton int4 kernel on ROCm all the same
+    (CompressedTensorsWNA16MoEMethod), and the others' commands set no AITER variable."""
+    from capacity.measurements.clients import moe_backend
+    assert moe_backend({"target": "Qwen/Qwen3.6-35B-A3B"}) == "aiter"
+    assert moe_backend({"target": "MiniMaxAI/MiniMax-M3-MXFP8"}) == "aiter"
+    assert moe_backend({"target": "moonshotai/Kimi-K2.5"}) == "auto"
+    assert moe_backend({"target": "google/gemma-4-26B-A4B-it"}) == "auto"

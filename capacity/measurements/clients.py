@@ -94,19 +94,24 @@ def model_runner(row: dict[str, Any]) -> str:
     value = row.get("model_runner")
     if isinstance(value, str) and value.strip():
         return value.strip().lower()
-    return str(_serve_flags().get(str(row.get("target")), {}).get("model_runner", "v1"))
+    return _target_flag(row, "model_runner", "v1")
 
 
 def attention_backend(row: dict[str, Any]) -> str:
     """The attention backend a seed-article row's target is simulated with (a scenario's
     engine.attention_backend): the target's `attention_backend` in `seed_serve_flags.yaml`, else "auto"."""
-    return str(_serve_flags().get(str(row.get("target")), {}).get("attention_backend", "auto"))
+    return _target_flag(row, "attention_backend", "auto")
 
 
 def moe_backend(row: dict[str, Any]) -> str:
     """The fused-MoE kernels a seed-article row's target is simulated with (a scenario's engine.moe_backend): the
     target's `moe_backend` in `seed_serve_flags.yaml`, else "auto"."""
-    return str(_serve_flags().get(str(row.get("target")), {}).get("moe_backend", "auto"))
+    return _target_flag(row, "moe_backend", "auto")
+
+
+def _target_flag(row: dict[str, Any], key: str, default: str) -> str:
+    """`key` of the row's target in `seed_serve_flags.yaml`, else `default`."""
+    return str(_serve_flags().get(str(row.get("target")), {}).get(key, default))
 
 
 @lru_cache(maxsize=1)
