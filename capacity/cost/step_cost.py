@@ -285,7 +285,8 @@ MOE_LAYER_KERNELS = 13
 # AITER's fused MoE (ROCm with VLLM_ROCM_USE_AITER=1, engine.moe_backend: aiter) runs the experts in two stages
 # whose kernels fuse the activation into the first grouped GEMM and the top-k weighted sum into the second
 # (aiter/fused_moe.py: moe_sorting, then ck_moe_stage1 with the activation, then ck_moe_stage2, which accumulates
-# each token's top-k outputs), so the MLP's three become the router GEMM, top-k, sorting and the two stages: 5, so 11.
+# each token's top-k outputs), so the MLP's three become the router GEMM, top-k, sorting and the two stages: 5, so 11
+# (basis: assumed, counted from the code, not traced).
 AITER_MOE_LAYER_KERNELS = 11
 SHARED_EXPERT_KERNELS = 3
 # Kernels an attention block launches beyond the GQA block's five counted above (basis: assumed counts from
@@ -692,6 +693,8 @@ class StepCostModel:
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
         # the fused-MoE kernels vLLM runs (scenario engine.moe_backend; 'auto': its default Triton fused MoE)
+        if moe_backend not in ("auto", "triton", "aiter"):
+            raise CapacityError(f"engine.moe_backend '{moe_backend}' is not one of auto, triton, aiter")
         if moe_backend == "aiter" and not gpu.is_rocm:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")

@@ -249,12 +249,12 @@ class Repricer:
         d = rec.scenario["deployment"]
         model = load_model(d["model"], weight_precision=d.get("precision"), kv_dtype=d.get("kv_cache_dtype", "bf16"))
         self.rec = rec
+        engine = rec.scenario.get("engine", {})
         self.cost = StepCostModel(gpu, model, d["tensor_parallel_size"], expert_parallel=d.get("expert_parallel", False),
-                                  async_scheduling=rec.scenario.get("engine", {}).get("async_scheduling", True),
-                                  quick_reduce_quantization=rec.scenario.get("engine", {}).get(
-                                      "quick_reduce_quantization", "none"),
-                                  attention_backend=rec.scenario.get("engine", {}).get("attention_backend", "auto"),
-                                  moe_backend=rec.scenario.get("engine", {}).get("moe_backend", "auto"))
+                                  async_scheduling=engine.get("async_scheduling", True),
+                                  quick_reduce_quantization=engine.get("quick_reduce_quantization", "none"),
+                                  attention_backend=engine.get("attention_backend", "auto"),
+                                  moe_backend=engine.get("moe_backend", "auto"))
         f = rec.features
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine
