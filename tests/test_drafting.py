@@ -66,6 +66,12 @@ def memory_bound_s(gpu, nbytes: float) -> float:
     return nbytes / (gpu.hbm_bandwidth_tb_s * 1e12 * EFF["hbm"])
 
 
+def layer_kernels_s(gpu, kernels: int) -> float:
+    """Fixed time of `kernels` layer kernels: the profile's layer_overhead_us is a dense layer's, which runs
+    kernels_per_dense_layer of them (9 on MI300X), so each kernel costs layer_overhead_us / 9."""
+    return gpu.efficiency["layer_overhead_us"] * 1e-6 * kernels / gpu.kernels_per_dense_layer
+
+
 TARGET = "toy/target"
 
 
@@ -142,12 +148,24 @@ def test_eagle3_is_one_pass_over_target_tokens_then_single_token_passes(gpu, tp)
     t_first = priced(gpu, first, T, B, B, B * a * (q * c - q * (q - 1) / 2), B * k * c, tp)
     t_later = priced(gpu, later, B, B, B, B * a * c, B * k * c, tp)
     t_head = priced(gpu, head, B, B, B, tp=tp)
-    overhead = get_method("eagle3").parameters["draft_pass_overhead_us"].value * 1e-6
+    # each pass also runs its one dense layer's kernels, at the target's fixed time per kernel
+    overhead = get_method("eagle3").parameters["draft_pass_overhead_us"].value * 1e-6 + layer_kernels_s(gpu, 9)
     expected = t_first + (N - 1) * t_later + N * t_head + N * overhead
     assert dc.time_s(B, T, B * c, N) == pytest.approx(expected, rel=1e-9)
     parts = dc.parts(B, T, B * c, N)
     assert sum(parts.values()) == pytest.approx(expected, rel=1e-12)
     assert parts["overhead"] == pytest.approx(N * overhead)
+
+
+def test_a_drafter_layer_costs_the_fixed_time_of_a_target_layer(gpu):
+    """A one-layer drafter's pass pays the fixed kernel time of one of the target's (identical) layers: the
+    target's whole-step kernel time (its "overhead" part without host time) divided by its layer count."""
+    target = toy(TARGET, layers=6, hidden=64, native_mtp=1, mtp_params=200_000)
+    no_host = gpu.with_overrides(efficiency={"step_overhead_ms": 0.0, "per_seq_overhead_us": 0.0})
+    f = StepFeatures(num_tokens=1.0, num_seqs=1.0, num_sampled=1.0, attn_flops=0.0, kv_read_bytes=0.0)
+    per_layer = StepCostModel(no_host, target, 1).time_parts(f)["overhead"] / 6
+    dc = DraftCost("mtp", no_host, target, None, 1, 3, {"draft_pass_overhead_us": 0.0})
+    assert dc.parts(1, 4, 100, 3)["overhead"] == pytest.approx(3 * per_layer, rel=1e-12)
 
 
 def test_eagle3_weights_and_kv(gpu):
@@ -171,7 +189,8 @@ def test_mtp_grows_linearly_in_n_by_one_layer_plus_head(gpu):
     layer = toy("mtp layer", layers=1, hidden=64, layer_params=P, lm_params=0)
     head = toy("head", layers=0, hidden=64, layer_params=0, lm_params=5000 * 64)
     step = (priced(gpu, layer, B, B, B, B * 4.0 * 8 * 16 * c, B * 2 * 2 * 16 * 2 * c)
-            + priced(gpu, head, B, B, B) + get_method("mtp").parameters["draft_pass_overhead_us"].value * 1e-6)
+            + priced(gpu, head, B, B, B) + get_method("mtp").parameters["draft_pass_overhead_us"].value * 1e-6
+            + layer_kernels_s(gpu, 9))                       # the MTP module: one dense layer's kernels
     assert steps[0] == pytest.approx(step, rel=1e-9)
     assert dc.weight_bytes == pytest.approx(2.0 * P)
     assert dc.extra_kv_bytes_per_token == 2 * 2 * 16 * 2
@@ -205,7 +224,9 @@ def test_dflash_is_one_pass_nearly_flat_in_n_at_small_batch(gpu):
     dc = DraftCost("dflash", gpu, t, d, 1, 15)
     small = [dc.time_s(1, n + 1, 2000 + n + 1, n) for n in (1, 7, 15)]
     assert small[-1] / small[0] < 1.15                       # weights read once, whatever N
-    per_pass = get_method("dflash").parameters["draft_pass_overhead_us"].value * 1e-6
+    # one block pass, whatever N: its own overhead and its 5 Qwen3 layers' kernels (a dense layer's 9 plus
+    # q_norm and k_norm: vllm/model_executor/models/qwen3.py Qwen3Attention)
+    per_pass = get_method("dflash").parameters["draft_pass_overhead_us"].value * 1e-6 + layer_kernels_s(gpu, 5 * 11)
     assert all(dc.parts(1, n + 1, 2000, n)["overhead"] == pytest.approx(per_pass) for n in (1, 7, 15))
     # the LM head (the target's, borrowed) is read once per step: memory-bound at B = 1
     lm_head = memory_bound_s(gpu, t.vocab_size * t.hidden_size * 2.0)
@@ -228,7 +249,7 @@ def test_dspark_markov_head_is_n_sequential_rank_r_gemvs(gpu):
     # B = 1 is memory-bound: each of the N steps reads W2 (vocab x rank 256, bf16) once
     per_step = memory_bound_s(gpu, 151936 * 256 * 2.0)
     assert dc.parts(1, 8, 1000, 7)["markov"] == pytest.approx(7 * per_step, rel=1e-9)
-    per_pass = get_method("dspark").parameters["draft_pass_overhead_us"].value * 1e-6
+    per_pass = get_method("dspark").parameters["draft_pass_overhead_us"].value * 1e-6 + layer_kernels_s(gpu, 5 * 11)
     assert dc.parts(1, 8, 1000, 7)["overhead"] == pytest.approx(per_pass + 7 * 15e-6)
 
 

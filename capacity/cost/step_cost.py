@@ -912,6 +912,12 @@ class StepCostModel:
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
 
+    def layer_kernels_s(self, efficiency: dict[str, float] | None = None) -> float:
+        """Fixed GPU time of one forward pass's layer kernels (the kernels part of the "overhead" time part):
+        `layer_overhead_us` times the layer units this model's layers count (`layer_overhead_units`)."""
+        eff = self.efficiency if efficiency is None else efficiency
+        return eff["layer_overhead_us"] * 1e-6 * self._layer_units
+
     def _allreduce_call_s(self, message_bytes, eff: dict[str, float]):
         """Seconds of one tensor-parallel all-reduce of `message_bytes`: the scale-up latency plus the bytes each
         GPU moves (allreduce_bytes: vLLM's algorithm or the ring, QuickReduce where it applies) over its bandwidth."""

@@ -41,6 +41,9 @@ from capacity.cost.step_cost import AttentionTables, StepCostModel, StepFeatures
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
 
+# False leaves the drafter's layer kernels without their fixed time (an ablation switch for the seed screens)
+DRAFT_LAYER_KERNELS = True
+
 PART_KEYS = ("passes", "lm_head", "attention", "markov", "cpu", "overhead")
 """Keys of `DraftCost.parts`; they sum to `DraftCost.time_s`."""
 
@@ -213,6 +216,7 @@ class DraftCost:
         self.weight_bytes = 0.0
         self.extra_kv_bytes_per_token = 0.0
         self._first = self._later = self._head = self._context = self._markov = None
+        self._pass_kernels_s = 0.0
         if m.kind == "cpu":
             return
         if m.drafter == "target_mtp":
@@ -258,6 +262,10 @@ class DraftCost:
                 self._markov = self._piece(_linear_only(arch, f"{arch.name} [Markov head]", markov, bpp["dense"],
                                                         per_sampled_row=True, dtype=arch.dense_weight_dtype))
             self._later = self._piece(_without(arch, f"{arch.name} [block pass]", drop_linear=fc + markov))
+        # the fixed GPU time of the drafter's layer kernels in each pass (N passes sequential, one block pass),
+        # at the same time per kernel as the target's layers (the profile's `layer_overhead_us`; module docstring);
+        # `draft_pass_overhead_us` is what a pass costs besides them
+        self._pass_kernels_s = self._later.cost.layer_kernels_s() if DRAFT_LAYER_KERNELS else 0.0
 
     # ------------------------------------------------------------------ setup helpers
     def _parameters(self, overrides: Mapping[str, Any] | None) -> dict[str, float]:
@@ -376,7 +384,7 @@ class DraftCost:
             parts["passes"] = g1 + later * gl
             parts["attention"] = at1 + later * atl
             parts["lm_head"] = N * head
-            parts["overhead"] = N * self._overhead_s
+            parts["overhead"] = N * (self._overhead_s + self._pass_kernels_s)
         else:  # parallel_block
             q = N + self._queries_per_seq_offset
             gc, _ = self._gemm(self._context, T, B, 0.0)
@@ -393,7 +401,7 @@ class DraftCost:
             parts["passes"] = gc + gq
             parts["attention"] = atq
             parts["lm_head"] = gh
-            parts["overhead"] = self._overhead_s
+            parts["overhead"] = self._overhead_s + self._pass_kernels_s
             if self._markov is not None:
                 gm, _ = self._gemm(self._markov, B, B, B)
                 parts["markov"] = N * gm
