@@ -905,7 +905,7 @@ class StepCostModel:
             after["allreduce"] = seconds * (n_tok > 0)
         overhead = None
         if with_overhead:
-            kernels = eff["layer_overhead_us"] * 1e-6 * self._layer_units
+            kernels = self.layer_kernels_s(eff)
             spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
                     + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)

@@ -6,14 +6,20 @@
   - ``sequential`` (mtp, gemma4_mtp, eagle3, draft_model; vLLM llm_base_proposer): a first draft
     forward over every token of the target forward (T; + one slot per request for draft models),
     logits at one row per request, then N − 1 forwards over the B requests; N LM-head calls of B
-    rows; the drafter's attention over each request's context in every pass; N × pass overhead.
+    rows; the drafter's attention over each request's context in every pass; N × (the pass's layer kernels +
+    pass overhead).
     EAGLE-3's fc over the target features runs in the first pass only.
   - ``parallel_block`` (dflash, dspark): a context-K/V projection of the T target tokens (fc over
     the target features + one fused K/V GEMM for all layers), ONE forward of the drafter layers over
     B·(N + 1) (DFlash) or B·N (DSpark) query positions attending c_i + block keys, the LM head on
     B·N rows, and for DSpark N sequential Markov-head steps (rank-r GEMV over the draft vocabulary for
-    B rows each); 1 × pass overhead (+ N × Markov-step overhead).
+    B rows each); 1 × (the drafter layers' kernels + pass overhead) (+ N × Markov-step overhead).
   - ``cpu`` (ngram): B × cpu_us_per_seq.
+
+  A pass's layer kernels cost what the target's do per kernel: the GPU profile's `layer_overhead_us` per
+  dense layer's worth of kernels (StepCostModel.layer_kernels_s on the pass's layers), the fixed time a
+  forward pass's priced pieces (`with_overhead=False`) leave out; `draft_pass_overhead_us` is the rest of
+  a pass (LM-head and sampling launches, input preparation, un-graphed kernels; docs/seed_validation.md §36).
 
   B = all requests scheduled in the step (vLLM drafts over the whole padded batch, partial prefills
   included), T = tokens in the target forward, C = Σ context of the B requests. With only the sums
