@@ -73,7 +73,9 @@ def cmd_hardware(args: argparse.Namespace) -> int:
         fp4 = f"{p['fp4']:.0f}" if "fp4" in p else "-"
         lomo = g.cross_validation.get("leave_one_model_out")
         sibling = transferred_from(g)
+        check = g.transfer_check.get("errors")
         error = (f"{lomo['tpot_pct'][0]:.0f}/{lomo['tpot_pct'][1]:.0f} %" if lomo
+                 else f"{check['tpot_pct'][0]:.0f}/{check['tpot_pct'][1]:.0f} % ({sibling}'s values on its rows)" if check
                  else f"not measured ({sibling}'s values)" if sibling else "not measured")
         line = (f"{g.name:8} {p.get('bf16', 0):8.0f} {p.get('fp8', 0):8.0f} {fp4:>8} {g.hbm_capacity_gb:7.0f} "
                 f"{g.hbm_bandwidth_tb_s:5.1f} {g.scaleup_bandwidth_gb_s:13.0f} {g.board_power_w:5.0f} "

@@ -27,8 +27,8 @@ from capacity.inputs.hardware import (
 )
 from capacity.paths import hw_profiles_dir
 
-SHIPPED = ("B200", "H100", "H200", "MI300X", "MI325X", "MI350X", "MI355X")
-TRANSFERRED = {"MI325X": "MI300X", "MI350X": "MI355X"}   # family_transfer: efficiencies from a sibling
+SHIPPED = ("B200", "B300", "H100", "H200", "MI300X", "MI325X", "MI350X", "MI355X")
+TRANSFERRED = {"B300": "B200", "MI325X": "MI300X", "MI350X": "MI355X"}   # family_transfer: efficiencies from a sibling
 FRACTIONS = ("gemm", "hbm", "attention", "allreduce")
 
 
@@ -121,6 +121,7 @@ PUBLISHED = {
     "H100": (989, 1979, None, 80, 3.35, 450, 700),  # [STAS]/[SA], SXM
     "H200": (989, 1979, None, 141, 4.8, 450, 700),  # [STAS]/[SA]
     "B200": (2250, 4500, 9000, 180, 8.0, 900, 1000),  # [STAS]/[SA], SXM
+    "B300": (2250, 4500, 13500, 268, 8.0, 900, 1000),  # [SA] (FP4 dense, usable HBM; [STAS] lists 12600 and 288), [STAS] power
 }
 
 
@@ -158,6 +159,7 @@ def test_measured_figures_match_published_measurements():
     assert mi300x["flash_attention_tflops"] == 328.6  # [AZ]
     assert load_gpu("MI325X").measured == {"gemm_bf16_tflops": 843, "gemm_fp8_tflops": 1519}  # [MAF]
     assert load_gpu("MI355X").measured == {"gemm_bf16_tflops": 1565.0}  # MAMF [STAS]
+    assert load_gpu("B300").measured == {"gemm_bf16_tflops": 1769.0, "gemm_fp8_tflops": 3353.3}  # MAMF [STAS]
     h100 = load_gpu("H100").measured
     assert (h100["gemm_bf16_tflops"], h100["gemm_fp8_tflops"]) == (794.5, 1402.6)  # MAMF [STAS]
     assert (h100["hbm_stream_tb_s"], h100["allreduce_busbw_gb_s"], h100["flash_attention_tflops"]) == (2.97, 478.87, 327.9)
@@ -280,7 +282,7 @@ def test_unknown_gpu_message():
         load_gpu("A100")
     message = str(info.value)
     assert message.startswith("unknown GPU 'A100'; known GPUs: ")
-    assert "B200, H100, H200, MI300X, MI325X, MI350X, MI355X" in message
+    assert "B200, B300, H100, H200, MI300X, MI325X, MI350X, MI355X" in message
     assert message.endswith("or pass the path of a profile YAML")
     assert "\n" not in message
 
@@ -481,12 +483,15 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
             continue
         assert record.basis.startswith(f"transferred from {sibling} ("), (name, key)
         assert record.fitted_on == sib.provenance[f"efficiency.{key}"].fitted_on
-        if key != "gemm" or name != "MI325X":
+        if key != "gemm" or name not in ("MI325X", "B300"):   # both measured a GEMM ratio of their own
             assert gpu.efficiency[key] == sib.efficiency[key], (name, key)
-    # what the datasheet says stays the GPU's own (MI325X: HBM 6.0 vs 5.3 TB/s; MI350X: peaks at 2.2 GHz)
-    assert (gpu.peak_dense_tflops["bf16"], gpu.hbm_bandwidth_tb_s) == pytest.approx(PUBLISHED[name][:5:4], rel=1e-4)
-    assert (gpu.peak_dense_tflops["bf16"], gpu.hbm_bandwidth_tb_s) != (sib.peak_dense_tflops["bf16"], sib.hbm_bandwidth_tb_s)
-    assert gpu.board_power_w == PUBLISHED[name][6] != sib.board_power_w
+    # what the datasheet says stays the GPU's own (MI325X: HBM 6.0 vs 5.3 TB/s and 1000 W; MI350X: peaks at 2.2 GHz
+    # and 1000 W; B300: 268 GB of HBM and a 13.5 PF FP4 peak) and differs from the sibling's
+    def datasheet(g):
+        return (g.peak_dense_tflops["bf16"], g.peak_dense_tflops["fp8"], g.peak_dense_tflops.get("fp4", 0.0), g.hbm_capacity_gb,
+                g.hbm_bandwidth_tb_s, g.scaleup_bandwidth_gb_s, g.board_power_w)
+    assert datasheet(gpu) == pytest.approx(tuple(x or 0.0 for x in PUBLISHED[name]), rel=1e-4)
+    assert datasheet(gpu) != datasheet(sib)
 
 
 @pytest.mark.parametrize(("name", "sibling"), sorted(TRANSFERRED.items()))
@@ -506,6 +511,12 @@ def test_mi350x_peaks_match_amds_rounded_figures():
     peaks = load_gpu("MI350X").peak_dense_tflops
     for dtype, rounded in (("bf16", 2300), ("fp8", 4600), ("fp4", 9200)):
         assert abs(peaks[dtype] - rounded) <= 0.005 * rounded, dtype
+
+
+def test_b300_gemm_carries_its_measured_matmul_ratio():
+    # the community MAMF table [STAS]: B300 1769 of 2250 bf16 TFLOPS, B200 1745 of 2250; same peaks, so the
+    # transferred GEMM efficiency is B200's times 1769 / 1745
+    assert load_gpu("B300").efficiency["gemm"] == pytest.approx(load_gpu("B200").efficiency["gemm"] * 1769 / 1745)
 
 
 def test_mi325x_gemm_carries_the_measured_sustained_clock_difference():
@@ -536,6 +547,10 @@ def test_sibling_gpus_decode_within_their_datasheet_ratios():
     assert 5.3 / 6.0 <= ratio <= 1.0
     ratio = _one_user_tpot_ms("MI350X") / _one_user_tpot_ms("MI355X")
     assert 1.0 - 1e-9 <= ratio <= 2400 / 2200   # equal where the step does not depend on the clock
+    # B300 and B200: the same 8 TB/s and BF16 / FP8 peaks; B300's measured max-achievable BF16 matmul is 1769
+    # against 1745 TFLOPS [STAS], so it is not slower and faster by at most that ratio
+    ratio = _one_user_tpot_ms("B300") / _one_user_tpot_ms("B200")
+    assert 1745 / 1769 - 1e-9 <= ratio <= 1.0 + 1e-9
 
 
 def _mi325x_document() -> dict:
@@ -555,8 +570,11 @@ def test_family_transfer_errors_are_one_line(tmp_path):
     itself["family_transfer"]["from"] = "MI325X"
     unknown = _mi325x_document()
     unknown["family_transfer"]["from"] = "MI999X"
+    unchecked = _mi325x_document()   # a transfer check needs its figures
+    unchecked["family_transfer"]["checked_on"] = {"measured_by": "x", "rows": 3, "models": ["m"], "tensor_parallel_sizes": [1]}
     for doc, pattern in ((both, "not both"), (neither, "not neither"), (cross, "not the CDNA3 family"),
-                         (chained, "itself transfers"), (itself, "names the GPU itself"), (unknown, "unknown GPU 'MI999X'")):
+                         (chained, "itself transfers"), (itself, "names the GPU itself"), (unknown, "unknown GPU 'MI999X'"),
+                         (unchecked, "errors")):
         with pytest.raises(CapacityError, match=pattern) as info:
             load_gpu(_write(tmp_path, doc, "MI325X_variant.yaml"))
         assert "\n" not in str(info.value)

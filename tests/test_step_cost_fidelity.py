@@ -138,3 +138,33 @@ def test_the_slower_step_what_if_scales_every_step_by_its_factor(gpu, model, tp)
         before = StepCostModel(g, m, tp).step_time_s(new, ctx)
         assert StepCostModel(slow, m, tp).step_time_s(new, ctx) == pytest.approx(1.3 * before, rel=1e-9)
     assert slow.efficiency["request_overhead_ms"] == g.efficiency["request_overhead_ms"]   # a TTFT delay, not a step
+
+
+def test_a_transferred_profile_checked_on_its_own_rows_gives_that_error():
+    """B300 carries B200's values and records their error on B300's own serving rows (no refit): a model among
+    those rows gets that error; another model the larger of it and B200's own leave-one-model-out, figure by
+    figure, since both hold-outs apply to it."""
+    b300, b200 = load_gpu("B300"), load_gpu("B200")
+    check = b300.transfer_check
+    assert check and transferred_from(b300) == "B200" and b300.cross_validation == {}
+    minimax = expected_error(b300, "MiniMaxAI/MiniMax-M2.5", 4)
+    assert minimax["basis"] == "family_transfer_rows" and minimax["figures"] == check["errors"]
+    assert "checked on" in minimax["in_words"] and "\n" not in minimax["in_words"]
+    dense = expected_error(b300, "google/gemma-4-31B-it", 1)
+    lomo = b200.cross_validation["leave_one_model_out"]
+    assert dense["basis"] == "family_transfer_and_sibling_leave_one_model_out"
+    for key, (median, p90) in dense["figures"].items():
+        assert median == max(check["errors"][key][0], lomo[key][0]) and p90 == max(check["errors"][key][1], lomo[key][1])
+    assert b300.with_overrides(efficiency={"gemm": 0.5}).transfer_check == {}   # not the checked values any more
+
+
+def test_the_recorded_transfer_check_is_on_the_rows_the_shipped_file_gives():
+    """The rows, models and TP sizes a transfer check records are what the serving rows select for that GPU today
+    (calibrate's reader: rows it could fit on); a change of the rows without a new check fails here."""
+    profile = load_gpu("B300")
+    _, rows, _ = calibrate._read_rows(default_files(), profile, "B300", readers.Overrides(gpu=profile.name), None)
+    check = profile.transfer_check
+    aliases = model_aliases()
+    assert check["rows"] == len(rows)
+    assert check["models"] == sorted({aliases.get(m, m) for m in rows["model"]})
+    assert check["tensor_parallel_sizes"] == sorted({int(float(t)) for t in rows["tp"]})

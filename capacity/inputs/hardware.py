@@ -219,11 +219,17 @@ class GpuProfile:
     provenance: dict[str, Sourced]
     path: str
     gemm_curve: dict[str, float] = field(default_factory=dict)
+    """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
+    W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
+    reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
+    rate / peak (`gemm_ceiling`), and `efficiency.gemm` is a multiplier on that measured curve (1 =
+    the microbenchmark). Empty: every GEMM at efficiency.gemm of peak, as before."""
     scaleup_links_per_gpu: int = 0
     """Direct scale-up links per GPU of a full mesh (OPTIONAL_SCALAR_KEYS); 0: a switched fabric."""
     hbm_runtime_gib: float = 0.0
     """Device memory as the runtime reports it, GiB (OPTIONAL_SCALAR_KEYS); 0: not stated."""
     kernels_per_dense_layer: int = 0
+    """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
     gemm_call_us: float = 0.0
     """Fixed time of one GEMM kernel beyond its roofline, us (OPTIONAL_SCALAR_KEYS); 0: none."""
     expert_stream_bandwidth_tb_s: float = 0.0
@@ -232,12 +238,9 @@ class GpuProfile:
     """How far the fitted efficiencies are off on rows kept out of their fit (the YAML's `cross_validation`
     section, `_CrossValidationModel`; written by `capacity calibrate`); empty: not measured (no serving rows,
     a family transfer, or values changed since)."""
-    """Opt-in kernel count of a dense layer that weighs the per-layer overhead by structure (OPTIONAL_SCALAR_KEYS); 0: per layer."""
-    """Opt-in shape-dependent GEMM efficiency (`gemm_curve` section of the YAML): compute dtype ->
-    W_half in FLOPs. Where a GEMM's compute dtype has an entry, a GEMM call of W FLOPs (per GPU)
-    reaches efficiency.gemm x ceiling x W / (W + W_half) of peak, ceiling = the measured max-achievable
-    rate / peak (`gemm_ceiling`), and `efficiency.gemm` is a multiplier on that measured curve (1 =
-    the microbenchmark). Empty: every GEMM at efficiency.gemm of peak, as before."""
+    transfer_check: dict[str, Any] = field(default_factory=dict)
+    """A transferred profile's check on its own serving rows (the YAML's `family_transfer.checked_on`,
+    `_TransferCheckModel`): the sibling's values' error there, no refit; empty: no rows, or values changed since."""
 
     def runtime_memory_bytes(self) -> float:
         """Device memory in bytes as the runtime reports it (what vLLM multiplies by
@@ -386,8 +389,9 @@ class GpuProfile:
                                                              scaled, self.name)
         _check_values(provenance, where=f"override of GPU {self.name}")
         # the cross-validated errors describe the profile's own efficiencies, not overridden ones
-        kept = {} if "efficiency" in changes or "gemm_curve" in changes else self.cross_validation
-        return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path, kept)
+        changed = "efficiency" in changes or "gemm_curve" in changes
+        return _profile_from_provenance(self.name, self.vendor, self.architecture, provenance, self.path,
+                                        {} if changed else self.cross_validation, {} if changed else self.transfer_check)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable view (values and provenance), e.g. for `capacity hardware --json`."""
@@ -413,6 +417,7 @@ class GpuProfile:
             "gemm_curve": dict(self.gemm_curve),
             "provenance": {key: record.as_dict() for key, record in self.provenance.items()},
             "cross_validation": dict(self.cross_validation),
+            "transfer_check": dict(self.transfer_check),
             "path": self.path,
         }
 
@@ -547,14 +552,16 @@ class _EfficiencyModel(BaseModel):
 
 
 class _FamilyTransferModel(BaseModel):
-    """`family_transfer: {from: MI300X, reason: ..., source: ...}`: take every `efficiency` entry from a
-    sibling GPU of the same architecture family (see `family_of`)."""
+    """`family_transfer: {from: MI300X, reason: ..., source: ..., checked_on: ...}`: take every `efficiency` entry
+    from a sibling GPU of the same architecture family (see `family_of`); `checked_on`, where this GPU has serving
+    rows, records the sibling's values' error on them (no refit)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     from_gpu: str = Field(alias="from", min_length=1, strict=True)
     reason: str = Field(min_length=1, strict=True)
     source: str = ""
+    checked_on: "_TransferCheckModel | None" = None
 
 
 class _ErrorFiguresModel(BaseModel):
@@ -565,6 +572,22 @@ class _ErrorFiguresModel(BaseModel):
     output_tok_s_per_gpu_pct: tuple[float, float]
     tpot_pct: tuple[float, float]
     ttft_pct: tuple[float, float]
+
+
+class _TransferCheckModel(BaseModel):
+    """`family_transfer.checked_on:` the transferred values' error on this GPU's own serving rows, with no refit
+    (nothing of this GPU was fitted, so every row is out of sample)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    measured_by: str = Field(min_length=1, strict=True)   # the command and date
+    rows: int = Field(ge=1)
+    models: list[str] = Field(min_length=1)                # HF ids of the models the rows measure
+    tensor_parallel_sizes: list[int] = Field(min_length=1)
+    errors: _ErrorFiguresModel
+
+
+_FamilyTransferModel.model_rebuild()
 
 
 class _CrossValidationModel(BaseModel):
@@ -687,8 +710,9 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
         raise CapacityError(f"{where}: 'cross_validation' describes a profile's own fitted efficiencies and this one "
                             f"transfers its sibling's; delete the section ({_SCHEMA_HINT})")
     cross_validation = {} if model.cross_validation is None else model.cross_validation.model_dump(mode="json")
+    check = model.family_transfer.checked_on if model.family_transfer is not None else None
     return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()),
-                                    cross_validation)
+                                    cross_validation, {} if check is None else check.model_dump(mode="json"))
 
 
 def family_of(architecture: str) -> str:
@@ -867,7 +891,7 @@ def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, 
 
 def _profile_from_provenance(
     name: str, vendor: str, architecture: str, provenance: Mapping[str, Sourced], path: str,
-    cross_validation: Mapping[str, Any] | None = None,
+    cross_validation: Mapping[str, Any] | None = None, transfer_check: Mapping[str, Any] | None = None,
 ) -> GpuProfile:
     provenance = _with_optional_efficiencies(provenance)
 
@@ -900,6 +924,7 @@ def _profile_from_provenance(
         expert_stream_bandwidth_tb_s=(float(provenance["expert_stream_bandwidth_tb_s"].value)
                                       if "expert_stream_bandwidth_tb_s" in provenance else 0.0),
         cross_validation=dict(cross_validation or {}),
+        transfer_check=dict(transfer_check or {}),
     )
 
 

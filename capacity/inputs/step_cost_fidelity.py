@@ -8,7 +8,10 @@ fitted on (docs/seed_validation.md; README "Fidelity"):
   * the model and the TP size are both among the rows fitted on: the fitted rows' error (in sample);
   * the model is not: leave-one-model-out;
   * the model is, the TP size is not: leave-one-TP-size-out;
-  * the profile transfers a sibling's efficiencies (no serving rows of its own): not measured; the sibling's
+  * the profile transfers a sibling's efficiencies and records their error on its own serving rows
+    (`family_transfer.checked_on`, no refit): that error, for a model among those rows; for another model the
+    sibling's own leave-one-model-out too, the larger of the two per figure (both hold-outs apply);
+  * the profile transfers a sibling's efficiencies with no rows of its own: not measured; the sibling's
     own leave-one-model-out is given as a lower bound, since the transfer adds its own error;
   * anything else (a profile without the section, or with efficiencies overridden): not measured.
 """
@@ -35,8 +38,8 @@ def transferred_from(profile: GpuProfile) -> str | None:
 
 def expected_error(profile: GpuProfile, model_id: str, tensor_parallel_size: int) -> dict[str, Any]:
     """The measured error that applies to `model_id` at `tensor_parallel_size` on `profile` (module docstring):
-    basis ('fitted_rows', 'leave_one_model_out', 'leave_one_tp_size_out', 'sibling_leave_one_model_out' or
-    'not_measured'), the figures (median, p90 in % per metric, or None), what the fit saw, and a sentence."""
+    basis ('fitted_rows', 'leave_one_model_out', 'leave_one_tp_size_out', 'family_transfer_rows',
+    'family_transfer_and_sibling_leave_one_model_out', 'sibling_leave_one_model_out' or 'not_measured'), the figures (median, p90 in % per metric, or None), what the fit saw, and a sentence."""
     cv = profile.cross_validation
     out: dict[str, Any] = {"gpu": profile.name, "model": model_id, "tensor_parallel_size": int(tensor_parallel_size),
                            "basis": "not_measured", "figures": None, "model_in_fit": None, "tp_in_fit": None,
@@ -49,6 +52,20 @@ def expected_error(profile: GpuProfile, model_id: str, tensor_parallel_size: int
             return out
         own = load_gpu(sibling).cross_validation
         out["sibling"] = sibling
+        check = profile.transfer_check
+        if check:
+            in_rows = model_id.lower() in [m.lower() for m in check["models"]]
+            figures, basis = check["errors"], "family_transfer_rows"
+            if not in_rows and own.get("leave_one_model_out"):
+                figures = {k: [max(a, b) for a, b in zip(v, own["leave_one_model_out"][k])] for k, v in figures.items()}
+                basis = "family_transfer_and_sibling_leave_one_model_out"
+            out.update(basis=basis, figures=figures, model_in_fit=False, measured_by=check["measured_by"])
+            rows = (f"{profile.name}'s efficiencies are {sibling}'s (same family, no refit), checked on {check['rows']} "
+                    f"serving rows of its own ({', '.join(check['models'])})")
+            out["in_words"] = (f"{rows}: {_figures_text(check['errors'])}." if in_rows else
+                               f"{rows}; {model_id} is not one of them, so expect the larger of that error and "
+                               f"{sibling}'s own on a left-out model: {_figures_text(figures)}.")
+            return out
         if own.get("leave_one_model_out"):
             out.update(basis="sibling_leave_one_model_out", figures=own["leave_one_model_out"],
                        measured_by=own.get("measured_by"))
