@@ -580,6 +580,19 @@ def test_family_transfer_errors_are_one_line(tmp_path):
         assert "\n" not in str(info.value)
 
 
+def test_a_transfer_check_of_values_the_sibling_no_longer_has_is_dropped(tmp_path):
+    """B300's `checked_on` measured B200's values of one fit (`sibling_fit` = B200's cross_validation.measured_by);
+    against a refitted sibling (another measured_by) it describes other values, so the profile carries none."""
+    sib = _raw("B200")
+    child = _raw("B300")
+    child["family_transfer"]["from"] = "sib.yaml"
+    _write(tmp_path, sib, "sib.yaml")
+    assert load_gpu(_write(tmp_path, child, "child.yaml")).transfer_check["rows"] == 124
+    sib["cross_validation"]["measured_by"] = "capacity calibrate --gpu B200 (a later refit)"
+    _write(tmp_path, sib, "sib.yaml")
+    assert load_gpu(_write(tmp_path, child, "child2.yaml")).transfer_check == {}
+
+
 def test_a_transferred_profile_follows_its_sibling_when_the_sibling_changes(tmp_path):
     sib = _raw("MI300X")
     sib["efficiency"]["hbm"]["value"] = 0.5

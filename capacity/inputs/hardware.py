@@ -581,6 +581,7 @@ class _TransferCheckModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     measured_by: str = Field(min_length=1, strict=True)   # the command and date
+    sibling_fit: str = Field(min_length=1, strict=True)   # the sibling's cross_validation.measured_by then
     rows: int = Field(ge=1)
     models: list[str] = Field(min_length=1)                # HF ids of the models the rows measure
     tensor_parallel_sizes: list[int] = Field(min_length=1)
@@ -711,6 +712,8 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
                             f"transfers its sibling's; delete the section ({_SCHEMA_HINT})")
     cross_validation = {} if model.cross_validation is None else model.cross_validation.model_dump(mode="json")
     check = model.family_transfer.checked_on if model.family_transfer is not None else None
+    if check is not None and load_gpu(_TRANSFER_SOURCES[str(path)][0]).cross_validation.get("measured_by") != check.sibling_fit:
+        check = None   # the sibling was refitted since: the check measured other values (the planner says so)
     return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()),
                                     cross_validation, {} if check is None else check.model_dump(mode="json"))
 
