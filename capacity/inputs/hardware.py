@@ -698,21 +698,23 @@ def _load_file_cached(path_str: str, mtime_ns: int, size: int) -> GpuProfile:
     if (model.efficiency is None) == (model.family_transfer is None):
         raise CapacityError(f"{where}: give either an 'efficiency' section or a 'family_transfer' from a sibling GPU, "
                             f"not {'both' if model.efficiency is not None else 'neither'}; {_SCHEMA_HINT}")
+    sibling = None
     if model.efficiency is not None:
         for key in EFFICIENCY_KEYS:
             if getattr(model.efficiency, key) is not None:
                 add(f"efficiency.{key}", getattr(model.efficiency, key))
 
     else:
-        provenance.update(_transferred_efficiency(model.name, model.architecture, model.family_transfer, path, where,
-                                                  provenance))
+        transferred, sibling = _transferred_efficiency(model.name, model.architecture, model.family_transfer, path,
+                                                       where, provenance)
+        provenance.update(transferred)
     _check_values(provenance, where=where, check_units=True)
     if model.cross_validation is not None and model.family_transfer is not None:
         raise CapacityError(f"{where}: 'cross_validation' describes a profile's own fitted efficiencies and this one "
                             f"transfers its sibling's; delete the section ({_SCHEMA_HINT})")
     cross_validation = {} if model.cross_validation is None else model.cross_validation.model_dump(mode="json")
     check = model.family_transfer.checked_on if model.family_transfer is not None else None
-    if check is not None and load_gpu(_TRANSFER_SOURCES[str(path)][0]).cross_validation.get("measured_by") != check.sibling_fit:
+    if check is not None and sibling.cross_validation.get("measured_by") != check.sibling_fit:
         check = None   # the sibling was refitted since: the check measured other values (the planner says so)
     return _profile_from_provenance(model.name, model.vendor, model.architecture, provenance, str(path.resolve()),
                                     cross_validation, {} if check is None else check.model_dump(mode="json"))
@@ -724,9 +726,9 @@ def family_of(architecture: str) -> str:
 
 
 def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTransferModel, path: Path,
-                            where: str, own: Mapping[str, Sourced]) -> dict[str, Sourced]:
+                            where: str, own: Mapping[str, Sourced]) -> tuple[dict[str, Sourced], GpuProfile]:
     """Every efficiency entry of the sibling GPU `transfer.from_gpu`, as shipped (fitted values included),
-    relabelled 'transferred from <sibling>'. Kernel efficiencies and host overheads describe the silicon
+    relabelled 'transferred from <sibling>', and the sibling. Kernel efficiencies and host overheads describe the silicon
     family and the software stack, so they carry over within a family; what the datasheet changes
     (peaks, HBM bandwidth and capacity, power) is this profile's own, and a fraction efficiency is
     scaled by the two GPUs' measured microbenchmark ratio where both have one (`_measured_scale`).
@@ -783,7 +785,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
             value=value, basis=f"{TRANSFERRED_BASIS} {sibling.name} ({old.basis})",
             source=f"{sibling.name} profile: {old.source}" + (f"; {transfer.source}" if transfer.source else ""),
             unit=old.unit, note=note, fitted_on=old.fitted_on)
-    return out
+    return out, sibling
 
 
 # The microbenchmark behind each fraction efficiency, and the spec it is a fraction of.

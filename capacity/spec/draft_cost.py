@@ -47,9 +47,6 @@ from capacity.cost.step_cost import AttentionTables, StepCostModel, StepFeatures
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
 
-# False leaves the drafter's layer kernels without their fixed time (an ablation switch for the seed screens)
-DRAFT_LAYER_KERNELS = True
-
 PART_KEYS = ("passes", "lm_head", "attention", "markov", "cpu", "overhead")
 """Keys of `DraftCost.parts`; they sum to `DraftCost.time_s`."""
 
@@ -271,7 +268,7 @@ class DraftCost:
         # the fixed GPU time of the drafter's layer kernels in each pass (N passes sequential, one block pass),
         # at the same time per kernel as the target's layers (the profile's `layer_overhead_us`; module docstring);
         # `draft_pass_overhead_us` is what a pass costs besides them
-        self._pass_kernels_s = self._later.cost.layer_kernels_s() if DRAFT_LAYER_KERNELS else 0.0
+        self._pass_kernels_s = self._later.cost.layer_kernels_s()
 
     # ------------------------------------------------------------------ setup helpers
     def _parameters(self, overrides: Mapping[str, Any] | None) -> dict[str, float]:
