@@ -83,9 +83,10 @@ def test_every_leaf_has_a_source_or_is_labelled_assumed(name):
             transferred.append("kernels_per_dense_layer")
         if "expert_stream_bandwidth_tb_s" not in _raw(name):   # so does the bandwidth its expert efficiencies use
             transferred.append("expert_stream_bandwidth_tb_s")
-    # a profile that states no `attention_triton` gets one that follows its `attention` (hardware.py)
+    # a profile that states no `attention_triton` gets one that follows its `attention`, and optional terms at 0 (hardware.py)
     stated = {key for key, _ in leaves} | set(transferred)
-    follows = [k for k in ("efficiency.attention_triton", "efficiency.moe_token_overhead_ns") if k not in stated]
+    follows = [k for k in ("efficiency.attention_triton", "efficiency.moe_token_overhead_ns",
+                                           "efficiency.eager_kernel_us") if k not in stated]
     assert sorted(profile.provenance) == sorted([key for key, _ in leaves] + transferred + follows)
 
 
@@ -478,7 +479,7 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
             # the sibling states none: this profile's follows its own (transferred) `attention`
             assert record.basis == "assumed" and gpu.efficiency[key] == gpu.efficiency["attention"], name
             continue
-        if key == "moe_token_overhead_ns" and sib.provenance[f"efficiency.{key}"].basis == "assumed":
+        if key in ("moe_token_overhead_ns", "eager_kernel_us") and sib.provenance[f"efficiency.{key}"].basis == "assumed":
             assert record.basis == "assumed" and gpu.efficiency[key] == 0.0, name
             continue
         assert record.basis.startswith(f"transferred from {sibling} ("), (name, key)

@@ -95,6 +95,15 @@ decode or prefill step is priced as before):
   runs (`gemm_calls`: vLLM's fused linear layers and FusedMoE's two grouped GEMMs per MoE layer), so it is a
   fixed cost counted from the model's structure; the rest of a layer's fixed time stays in
   `layer_overhead_us`.
+* Steps that run without a CUDA/HIP graph (opt-in per hardware profile: its efficiency entry `eager_kernel_us`).
+  vLLM V1 captures graphs for batches of up to `cudagraph_max_tokens` scheduled tokens: min(2 x max_num_seqs x
+  (1 + num_speculative_tokens), 512, max_num_batched_tokens) (vllm/config/vllm.py `_set_cudagraph_sizes`, vLLM PRs
+  #20628, #26016, #30330); a larger step, e.g. any step with a 1k-token prompt chunk, runs no graph
+  (vllm/v1/cudagraph_dispatcher.py: `num_tokens > self.max_capture_size` -> CUDAGraphMode.NONE) and its
+  torch.compile'd pieces launch every kernel from the host. Such a step pays `eager_kernel_us` per kernel of the
+  forward pass (the layer kernels `layer_overhead_units` counts, times `kernels_per_dense_layer`) in series with its
+  GPU time: the host time to launch a kernel and the gap the GPU waits for it, which TP does not divide
+  (docs/seed_validation.md section 37). Graph-replayed steps (decode) pay nothing extra.
 * Weight-only int4 experts (W4A16: compressed-tensors / AWQ / GPTQ, e.g. Kimi-K2.5's INT4 checkpoint). vLLM
   runs them in its triton grouped GEMM for int4 weights (vllm/model_executor/layers/fused_moe/fused_moe.py
   `fused_moe_kernel_gptq_awq`, `use_int4_w4a16`): each tile of packed int4 weights is loaded, unpacked and
@@ -300,6 +309,8 @@ SHARED_EXPERT_KERNELS = 3
 # per-head q_norm and k_norm; MiniMax-M2's per-layer norm
 # (vllm/model_executor/layers/mamba/linear_attn.py MiniMaxText01RMSNormTP.forward_qk) reduces the variance
 # before its all-reduce and scales after it.
+# vLLM V1's cap on the default graph capture sizes (vllm/config/vllm.py `_set_cudagraph_sizes`: min(..., 512))
+CUDAGRAPH_MAX_CAPTURE_SIZE = 512
 MLA_EXTRA_KERNELS = 7
 QK_NORM_EXTRA_KERNELS = 2
 # Bytes per token of MiniMax-M2's per-layer q/k-norm all-reduce: the q and k variances in fp32, all-reduced
@@ -323,6 +334,17 @@ def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, m
                + moe * (moe_kernels + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0))
                + model.num_layers * attention_extra)
     return kernels / kernels_per_dense_layer
+
+
+def cudagraph_max_tokens(max_num_seqs: int, num_speculative_tokens: int = 0,
+                         max_num_batched_tokens: int | None = None) -> int:
+    """The largest step (scheduled tokens) vLLM V1 replays from a captured CUDA/HIP graph when no compilation
+    config says otherwise: vllm/config/vllm.py `_set_cudagraph_sizes` (vLLM >= 0.13, PR #30330):
+    decode_query_len = 1 + num_speculative_tokens; min(max_num_seqs * decode_query_len * 2, 512), then at most
+    max_num_batched_tokens (before PR #30330, `min(max_num_seqs * 2, 512)`, PR #20628). The same on ROCm
+    (vllm/platforms/rocm.py overrides no capture size)."""
+    size = min(int(max_num_seqs) * (1 + int(num_speculative_tokens)) * 2, CUDAGRAPH_MAX_CAPTURE_SIZE)
+    return size if max_num_batched_tokens is None else min(size, int(max_num_batched_tokens))
 
 
 def gemm_calls(model: "ModelArch") -> tuple[int, int]:
@@ -652,7 +674,8 @@ class StepCostModel:
                  verify_routing_exponent: float = VERIFY_ROUTING_EXPONENT,
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
                  model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True,
-                 quick_reduce_quantization: str = "none", attention_backend: str = "auto", moe_backend: str = "auto"):
+                 quick_reduce_quantization: str = "none", attention_backend: str = "auto", moe_backend: str = "auto",
+                 graph_max_tokens: int | None = None):
         self.gpu = gpu
         # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
         self.async_scheduling = bool(async_scheduling)
@@ -700,6 +723,10 @@ class StepCostModel:
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
         self.moe_backend = "triton" if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend)
+        # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
+        # None: every step replays a graph
+        self.graph_max_tokens = graph_max_tokens
+        self._kernels_per_pass = self._layer_units * (gpu.kernels_per_dense_layer or 0)
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         self._quick_reduce = quick_reduce_rule(gpu.architecture, self.tp, quick_reduce_quantization)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
@@ -906,6 +933,12 @@ class StepCostModel:
         overhead = None
         if with_overhead:
             kernels = self.layer_kernels_s(eff)
+            eager = eff.get("eager_kernel_us", 0.0)
+            if eager and self.graph_max_tokens is not None:
+                if not self._kernels_per_pass:
+                    raise CapacityError(f"{self.gpu.name}: efficiency.eager_kernel_us needs kernels_per_dense_layer in "
+                                        "the profile (the kernels a forward pass launches); add it or remove eager_kernel_us")
+                kernels = kernels + eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
             spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
                     + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)

@@ -33,7 +33,7 @@ from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms",
                    "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us",
-                   "moe_token_overhead_ns",
+                   "moe_token_overhead_ns", "eager_kernel_us",
                    "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
@@ -113,6 +113,8 @@ _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (th
                              "calibrated where rows of a model with attention sinks on this GPU exist")
 _MOE_TOKEN_DEFAULT = ("none: a TP-independent cost per routed token (token x expert) of MoE layers is not assumed "
                       "unless calibrated")
+_EAGER_KERNEL_DEFAULT = ("none: a host time per kernel of a step too large for vLLM's captured graphs is not assumed "
+                         "unless calibrated")
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
@@ -144,6 +146,7 @@ _EXPECTED_UNIT = {
     "efficiency.request_overhead_ms": "ms",
     "efficiency.prompt_token_overhead_us": "us",
     "efficiency.moe_token_overhead_ns": "ns",
+    "efficiency.eager_kernel_us": "us",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
     "efficiency.attention_triton": "fraction",
@@ -547,6 +550,7 @@ class _EfficiencyModel(BaseModel):
     request_overhead_ms: _LeafModel
     prompt_token_overhead_us: _LeafModel
     moe_token_overhead_ns: _LeafModel | None = None   # optional: absent = 0 (_MOE_TOKEN_DEFAULT)
+    eager_kernel_us: _LeafModel | None = None   # optional: absent = 0 (_EAGER_KERNEL_DEFAULT)
     spec_seq_overhead_us: _LeafModel
     spec_token_overhead_us: _LeafModel
 
@@ -773,7 +777,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
                  "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
-        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT):
+        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT, _EAGER_KERNEL_DEFAULT):
             continue            # no value of its own on the sibling: this profile's follows its own `attention`
         value, note = old.value, " ".join(transfer.reason.split())
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
@@ -861,7 +865,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                 fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
                      "efficiency.request_overhead_ms", "efficiency.prompt_token_overhead_us", "efficiency.moe_token_overhead_ns",
-                     "efficiency.spec_seq_overhead_us",
+                     "efficiency.eager_kernel_us", "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
                      "scaleup_latency_us", "gemm_call_us",
                      "cost_per_gpu_hour_usd"):
@@ -886,6 +890,9 @@ def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, 
     if "efficiency.moe_token_overhead_ns" not in out and "efficiency.attention" in out:
         out["efficiency.moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_MOE_TOKEN_DEFAULT,
                                                           unit="ns", note="the profile states none")
+    if "efficiency.eager_kernel_us" not in out and "efficiency.attention" in out:
+        out["efficiency.eager_kernel_us"] = Sourced(value=0.0, basis="assumed", source=_EAGER_KERNEL_DEFAULT,
+                                                    unit="us", note="the profile states none")
     record, attention = out.get("efficiency.attention_triton"), out.get("efficiency.attention")
     if attention is not None and (record is None or record.source == _TRITON_ATTENTION_DEFAULT):
         out["efficiency.attention_triton"] = Sourced(

@@ -31,7 +31,7 @@ from capacity.spec.decoding import build_speculation
 from capacity.spec.draft_cost import DraftCost
 from capacity.spec.interface import Speculation
 from capacity.spec.methods import uses_target_hidden_states
-from capacity.cost.step_cost import StepCostModel
+from capacity.cost.step_cost import StepCostModel, cudagraph_max_tokens
 from capacity.inputs.traffic import RequestStream, build_requests
 
 if TYPE_CHECKING:
@@ -107,7 +107,9 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     cost = _shared(StepCostModel(gpu, model, tp, model_runner=e.model_runner, expert_parallel=d.expert_parallel,
                                  async_scheduling=async_scheduling,
                                  quick_reduce_quantization=e.quick_reduce_quantization,
-                                 attention_backend=e.attention_backend, moe_backend=e.moe_backend))
+                                 attention_backend=e.attention_backend, moe_backend=e.moe_backend,
+                                 graph_max_tokens=cudagraph_max_tokens(e.max_num_seqs, speculation.num_speculative_tokens,
+                                                                       e.max_num_batched_tokens)))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory_gb, speculation,
                     drop_last_cached_block=uses_target_hidden_states(speculation.method))
 

@@ -1,0 +1,66 @@
+"""Steps too large for vLLM's captured CUDA/HIP graphs: the capture size rule and the host time per kernel.
+
+Independent truth: vLLM's own rule (vllm/config/vllm.py `_set_cudagraph_sizes`, vLLM >= 0.13, PR #30330):
+    decode_query_len = 1 + num_speculative_tokens
+    max_cudagraph_capture_size = min(max_num_seqs * decode_query_len * 2, 512)
+    then min(max_num_tokens, max_cudagraph_capture_size)
+and its dispatcher (vllm/v1/cudagraph_dispatcher.py): `num_tokens > self.max_capture_size` -> no graph. The kernel
+count per forward pass is the one tests/test_layer_kernels.py checks against vLLM's decoder layers."""
+
+from __future__ import annotations
+
+import pytest
+
+from capacity.cost.step_cost import StepCostModel, cudagraph_max_tokens, layer_overhead_units
+from capacity.errors import CapacityError
+from capacity.inputs.hardware import load_gpu
+from capacity.inputs.models import load_model
+
+EAGER_US = 50.0
+
+
+@pytest.mark.parametrize("max_num_seqs, n_spec, max_batched, expected", [
+    (4, 0, 8192, 8),          # InferenceX's --max-num-seqs $CONC at 4 users: 4 * 1 * 2
+    (64, 0, 8192, 128),
+    (256, 0, 8192, 512),      # 512 cap
+    (1024, 0, 8192, 512),     # vLLM's default max_num_seqs on a >= 70 GiB GPU
+    (32, 3, 8192, 256),       # speculative: 32 * (1 + 3) * 2
+    (64, 3, 8192, 512),
+    (1024, 0, 256, 256),      # never more than a step can schedule
+])
+def test_capture_size_is_vllms_rule(max_num_seqs, n_spec, max_batched, expected):
+    assert cudagraph_max_tokens(max_num_seqs, n_spec, max_batched) == expected
+
+
+def _eager_gpu(name: str = "MI300X"):
+    gpu = load_gpu(name)
+    return gpu.with_overrides(efficiency={"eager_kernel_us": EAGER_US})
+
+
+@pytest.mark.parametrize("model", ["gpt-oss-120b", "MiniMax-M2.5", "Llama-3.3-70B-Instruct"])
+@pytest.mark.parametrize("tp", [1, 4])
+def test_a_step_above_the_capture_size_pays_each_kernels_launch(model, tp):
+    gpu, m = _eager_gpu(), load_model(model, weight_precision="fp8" if model.startswith("Llama") else None)
+    plain = StepCostModel(load_gpu("MI300X"), m, tp, graph_max_tokens=8)
+    eager = StepCostModel(gpu, m, tp, graph_max_tokens=8)
+    kernels = layer_overhead_units(m, gpu.kernels_per_dense_layer) * gpu.kernels_per_dense_layer
+    prefill = ([1024, 1, 1, 1], [1024, 300, 400, 500])      # 1027 tokens > 8: no graph
+    extra = eager.step_time_s(*prefill) - plain.step_time_s(*prefill)
+    # in series with the GPU time and not divided by TP (async scheduling on: host time hidden only up to the GPU's)
+    assert extra == pytest.approx(EAGER_US * 1e-6 * kernels, rel=1e-9)
+    decode = ([1] * 8, [1000] * 8)                          # 8 tokens: a replayed graph
+    assert eager.step_time_s(*decode) == pytest.approx(plain.step_time_s(*decode), rel=1e-12)
+
+
+def test_without_a_capture_size_every_step_is_graphed():
+    m = load_model("gpt-oss-120b")
+    eager, plain = StepCostModel(_eager_gpu(), m, 2), StepCostModel(load_gpu("MI300X"), m, 2)
+    assert eager.step_time_s([4096], [4096]) == pytest.approx(plain.step_time_s([4096], [4096]), rel=1e-12)
+
+
+def test_a_profile_without_a_kernel_count_is_refused_in_one_line():
+    gpu = load_gpu("H100").with_overrides(efficiency={"eager_kernel_us": EAGER_US})
+    cost = StepCostModel(gpu, load_model("gpt-oss-120b"), 1, graph_max_tokens=8)
+    with pytest.raises(CapacityError, match="kernels_per_dense_layer") as err:
+        cost.step_time_s([1024], [1024])
+    assert "\n" not in str(err.value)
