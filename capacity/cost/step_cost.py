@@ -164,6 +164,10 @@ STATE_SNAPSHOT_WRITE_EFFICIENCY = 0.25
 # at 1.9-2.7 TB/s at 64-256 sequences of 256-16k tokens against 4.2 TB/s for a plain 1-4 GiB read (0.46-0.65),
 # 2.1-4.4 TB/s at 1-16 sequences of 16-64k tokens.
 KV_READ_DEFAULT = 1.0
+# True prices the launches of a step without a graph (`eager_kernel_us`) as host time the GPU's work covers (the step
+# lasts max(GPU, host)); False (shipped) in series with it. A screening switch (scripts/screen_cost_terms.py
+# --variant "NAME=GPU;EAGER_HOST_OVERLAP=True"); docs/seed_validation.md section 37.
+EAGER_HOST_OVERLAP = False
 # Whether the per-routed-token MoE time (`moe_token_overhead_ns`) is split over expert-parallel GPUs: True if it
 # is work on the tokens a GPU's own experts receive (the grouped GEMMs' tiles), False if every GPU does it for
 # all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
@@ -309,8 +313,6 @@ SHARED_EXPERT_KERNELS = 3
 # per-head q_norm and k_norm; MiniMax-M2's per-layer norm
 # (vllm/model_executor/layers/mamba/linear_attn.py MiniMaxText01RMSNormTP.forward_qk) reduces the variance
 # before its all-reduce and scales after it.
-# vLLM V1's cap on the default graph capture sizes (vllm/config/vllm.py `_set_cudagraph_sizes`: min(..., 512))
-CUDAGRAPH_MAX_CAPTURE_SIZE = 512
 MLA_EXTRA_KERNELS = 7
 QK_NORM_EXTRA_KERNELS = 2
 # Bytes per token of MiniMax-M2's per-layer q/k-norm all-reduce: the q and k variances in fp32, all-reduced
@@ -336,10 +338,15 @@ def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, m
     return kernels / kernels_per_dense_layer
 
 
+# vLLM V1's cap on the default graph capture sizes (vllm/config/vllm.py `_set_cudagraph_sizes`: min(..., 512))
+CUDAGRAPH_MAX_CAPTURE_SIZE = 512
+
+
 def cudagraph_max_tokens(max_num_seqs: int, num_speculative_tokens: int = 0,
                          max_num_batched_tokens: int | None = None) -> int:
     """The largest step (scheduled tokens) vLLM V1 replays from a captured CUDA/HIP graph when no compilation
-    config says otherwise: vllm/config/vllm.py `_set_cudagraph_sizes` (vLLM >= 0.13, PR #30330):
+    config says otherwise: vllm/config/vllm.py `_set_cudagraph_sizes` (read at 09f030e; the draft factor since vLLM
+    PR #30330, December 2025):
     decode_query_len = 1 + num_speculative_tokens; min(max_num_seqs * decode_query_len * 2, 512), then at most
     max_num_batched_tokens (before PR #30330, `min(max_num_seqs * 2, 512)`, PR #20628). The same on ROCm
     (vllm/platforms/rocm.py overrides no capture size)."""
@@ -938,10 +945,14 @@ class StepCostModel:
                 if not self._kernels_per_pass:
                     raise CapacityError(f"{self.gpu.name}: efficiency.eager_kernel_us needs kernels_per_dense_layer in "
                                         "the profile (the kernels a forward pass launches); add it or remove eager_kernel_us")
-                kernels = kernels + eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
+                launches = eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
+                if not EAGER_HOST_OVERLAP:
+                    kernels = kernels + launches
             spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
                     + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
+            if eager and self.graph_max_tokens is not None and EAGER_HOST_OVERLAP:
+                host = host + launches
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
 
