@@ -63,3 +63,26 @@ def test_a_profile_without_a_kernel_count_is_refused_in_one_line():
     with pytest.raises(CapacityError, match="kernels_per_dense_layer") as err:
         cost.step_time_s([1024], [1024])
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("max_num_seqs, prompt, eager_step", [(1, 1024, True), (1024, 400, False)])
+def test_the_simulation_charges_a_lone_prompt_step_by_the_engines_capture_size(max_num_seqs, prompt, eager_step):
+    """A lone request's TTFT is its request delay plus one prefill step (tests/test_prompt_token_delay.py); with
+    `engine.max_num_seqs` 1 vLLM captures graphs of up to 2 tokens, so a 1,024-token prompt step runs without one and
+    pays its kernels' launches; with 1,024 the largest graph is 512 tokens and a 400-token prompt replays it."""
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+    ttft = {}
+    for eager_us in (0.0, EAGER_US):
+        sc = {"name": "eager", "engine": {"max_num_seqs": max_num_seqs},
+              "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1,
+                             "gpu_overrides": {"efficiency": {"eager_kernel_us": eager_us}}},
+              "traffic": {"arrival": {"process": "poisson", "rate_rps": 0.001}, "num_requests": 1,
+                          "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": prompt},
+                                       "output_tokens": {"dist": "fixed", "value": 20}}]}}
+        res = simulate.run(scenario_mod.from_dict(sc))
+        r = res.requests.iloc[0]
+        ttft[eager_us] = r.first_token_s - r.arrival_s
+    gpu, m = load_gpu("MI300X"), load_model("meta-llama/Llama-3.1-8B")
+    launches = EAGER_US * 1e-6 * layer_overhead_units(m, gpu.kernels_per_dense_layer) * gpu.kernels_per_dense_layer
+    assert ttft[EAGER_US] - ttft[0.0] == pytest.approx(launches if eager_step else 0.0, rel=1e-9, abs=1e-12)
