@@ -59,10 +59,13 @@ def test_without_a_capture_size_every_step_is_graphed():
 
 def test_a_profile_without_a_kernel_count_is_refused_in_one_line():
     gpu = load_gpu("H100").with_overrides(efficiency={"eager_kernel_us": EAGER_US})
-    cost = StepCostModel(gpu, load_model("gpt-oss-120b"), 1, graph_max_tokens=8)
     with pytest.raises(CapacityError, match="kernels_per_dense_layer") as err:
-        cost.step_time_s([1024], [1024])
+        StepCostModel(gpu, load_model("gpt-oss-120b"), 1, graph_max_tokens=8)
     assert "\n" not in str(err.value)
+    # and where the value comes per call (a fit's trial values), at pricing
+    cost = StepCostModel(load_gpu("H100"), load_model("gpt-oss-120b"), 1, graph_max_tokens=8)
+    with pytest.raises(CapacityError, match="kernels_per_dense_layer"):
+        cost.time_parts(cost.features([1024], [1024]), dict(cost.efficiency, eager_kernel_us=EAGER_US))
 
 
 @pytest.mark.parametrize("max_num_seqs, prompt, eager_step", [(1, 1024, True), (1024, 400, False)])

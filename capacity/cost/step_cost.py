@@ -168,6 +168,8 @@ KV_READ_DEFAULT = 1.0
 # lasts max(GPU, host)); False (shipped) in series with it. A screening switch (scripts/screen_cost_terms.py
 # --variant "NAME=GPU;EAGER_HOST_OVERLAP=True"); docs/seed_validation.md section 37.
 EAGER_HOST_OVERLAP = False
+_NO_KERNEL_COUNT = ("{gpu}: efficiency.eager_kernel_us needs kernels_per_dense_layer in the profile (the kernels a "
+                    "forward pass launches); add it or remove eager_kernel_us")
 # Whether the per-routed-token MoE time (`moe_token_overhead_ns`) is split over expert-parallel GPUs: True if it
 # is work on the tokens a GPU's own experts receive (the grouped GEMMs' tiles), False if every GPU does it for
 # all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
@@ -734,6 +736,8 @@ class StepCostModel:
         # None: every step replays a graph
         self.graph_max_tokens = graph_max_tokens
         self._kernels_per_pass = self._layer_units * (gpu.kernels_per_dense_layer or 0)
+        if graph_max_tokens is not None and gpu.efficiency.get("eager_kernel_us") and not self._kernels_per_pass:
+            raise CapacityError(_NO_KERNEL_COUNT.format(gpu=gpu.name))
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         self._quick_reduce = quick_reduce_rule(gpu.architecture, self.tp, quick_reduce_quantization)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
@@ -943,8 +947,7 @@ class StepCostModel:
             eager = eff.get("eager_kernel_us", 0.0)
             if eager and self.graph_max_tokens is not None:
                 if not self._kernels_per_pass:
-                    raise CapacityError(f"{self.gpu.name}: efficiency.eager_kernel_us needs kernels_per_dense_layer in "
-                                        "the profile (the kernels a forward pass launches); add it or remove eager_kernel_us")
+                    raise CapacityError(_NO_KERNEL_COUNT.format(gpu=self.gpu.name))
                 launches = eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
                 if not EAGER_HOST_OVERLAP:
                     kernels = kernels + launches
