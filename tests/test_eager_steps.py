@@ -89,3 +89,17 @@ def test_the_simulation_charges_a_lone_prompt_step_by_the_engines_capture_size(m
     gpu, m = load_gpu("MI300X"), load_model("meta-llama/Llama-3.1-8B")
     launches = EAGER_US * 1e-6 * layer_overhead_units(m, gpu.kernels_per_dense_layer) * gpu.kernels_per_dense_layer
     assert ttft[EAGER_US] - ttft[0.0] == pytest.approx(launches if eager_step else 0.0, rel=1e-9, abs=1e-12)
+
+
+def test_the_goodput_policy_prices_a_verification_batch_too_large_for_a_graph_as_the_simulation_does():
+    """With the engine's limits, the adaptive policy's step estimate charges a verification step above the capture
+    size (200 sequences x (1 + 3) tokens = 800 > 512) its launches, and one at or below it (128 x 4 = 512) none."""
+    from capacity.spec.decoding import build_speculation
+    gpu, target = _eager_gpu(), load_model("google/gemma-4-26B-A4B-it")
+    cfg = {"method": "eagle3", "num_speculative_tokens": 3, "policy": {"kind": "goodput", "max_n": 3},
+           "acceptance": {"model": "iid", "alpha": 0.7}}
+    plain = build_speculation(cfg, gpu, target, 2).policy.step_time_s
+    limited = build_speculation(cfg, gpu, target, 2, engine_limits=(1024, 8192)).policy.step_time_s
+    launches = EAGER_US * 1e-6 * layer_overhead_units(target, gpu.kernels_per_dense_layer) * gpu.kernels_per_dense_layer
+    assert limited(200, 1000.0, 3) - plain(200, 1000.0, 3) == pytest.approx(launches, rel=1e-9)
+    assert limited(128, 1000.0, 3) == pytest.approx(plain(128, 1000.0, 3), rel=1e-12)

@@ -70,7 +70,8 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
                             "(expert parallelism only applies to mixture-of-experts models)")
     kv_split = 1 if model.uses_mla else tp
     if speculation is None:
-        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner)
+        speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner,
+                                        engine_limits=(e.max_num_seqs, e.max_num_batched_tokens))
         _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp

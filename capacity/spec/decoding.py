@@ -18,7 +18,7 @@ from capacity.spec.draft_cost import ArrayLike, DraftCost
 from capacity.spec.interface import NoSpeculation, Speculation
 from capacity.spec.methods import NO_SPECULATION, DraftMethod, get_method, max_num_speculative_tokens
 from capacity.spec.policies import SpeculationPolicy, StaticPolicy, policy_from_config
-from capacity.cost.step_cost import AttentionTables, StepCostModel, StepTime, int_sum
+from capacity.cost.step_cost import AttentionTables, StepCostModel, StepTime, cudagraph_max_tokens, int_sum
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
@@ -149,7 +149,8 @@ def resolve_draft(method: DraftMethod, target: ModelArch, draft: str | None) -> 
 
 
 def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int,
-                      model_runner: str = "v1", allow_n_past_block: bool = False) -> Speculation:
+                      model_runner: str = "v1", allow_n_past_block: bool = False,
+                      engine_limits: tuple[int, int] | None = None) -> Speculation:
     """The engine's Speculation for a scenario's `speculative` section
     {method, num_speculative_tokens, draft, acceptance, policy[, overrides]}.
 
@@ -160,7 +161,11 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     `allow_n_past_block` lets N exceed a block drafter's trained block (block_size - 1), which vLLM
     refuses by default: the seed article ran Kimi-K2.5's block-8 DFlash drafter at N = 11 and 15 and
     measured acceptance at every one of the N positions, so those blocks ran. The drafter is then
-    priced with the N asked for (one forward over N + 1 queries) under a static policy."""
+    priced with the N asked for (one forward over N + 1 queries) under a static policy.
+
+    `engine_limits` (max_num_seqs, max_num_batched_tokens) give the policy's step-time estimate vLLM's graph
+    capture size (`cudagraph_max_tokens`), so it prices a verification batch too large for a graph as the
+    simulation does; None: every step is priced as graph-replayed."""
     cfg = _as_dict(spec_cfg)
     if allow_n_past_block:
         n = int(cfg.get("num_speculative_tokens") or 0)
@@ -171,7 +176,8 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
             if method.max_n_rule == "block_size_minus_1":
                 limit = max_num_speculative_tokens(method, target, resolve_draft(method, target, cfg.get("draft")))
             if limit is not None and n > limit:
-                base = build_speculation({**cfg, "num_speculative_tokens": limit}, gpu, target, tp, model_runner)
+                base = build_speculation({**cfg, "num_speculative_tokens": limit}, gpu, target, tp, model_runner,
+                                         engine_limits=engine_limits)
                 return SpeculativeDecoding(base.method, base.draft_cost, base.acceptance, StaticPolicy(n), n)
     name = str(cfg.get("method") or "none").strip().lower()
     n = int(cfg.get("num_speculative_tokens") or 0)
@@ -200,6 +206,8 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     if acc_dict.get("temperature") is not None:
         kwargs["temperature"] = float(acc_dict["temperature"])
     acceptance = acceptance_from_config(acc_cfg, method=method.name, target=target.name, **kwargs)
-    policy = policy_from_config(policy_cfg, n, target_cost=StepCostModel(gpu, target, tp, model_runner=model_runner), draft_cost=draft_cost,
+    graph_max_tokens = None if engine_limits is None else cudagraph_max_tokens(engine_limits[0], n, engine_limits[1])
+    target_cost = StepCostModel(gpu, target, tp, model_runner=model_runner, graph_max_tokens=graph_max_tokens)
+    policy = policy_from_config(policy_cfg, n, target_cost=target_cost, draft_cost=draft_cost,
                                 acceptance=acceptance)
     return SpeculativeDecoding(method, draft_cost, acceptance, policy, policy.max_num_spec_tokens)
