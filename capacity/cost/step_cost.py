@@ -944,20 +944,27 @@ class StepCostModel:
         overhead = None
         if with_overhead:
             kernels = self.layer_kernels_s(eff)
-            eager = eff.get("eager_kernel_us", 0.0)
-            if eager and self.graph_max_tokens is not None:
-                if not self._kernels_per_pass:
-                    raise CapacityError(_NO_KERNEL_COUNT.format(gpu=self.gpu.name))
-                launches = eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
-                if not EAGER_HOST_OVERLAP:
-                    kernels = kernels + launches
             spec = (eff.get("spec_seq_overhead_us", 0.0) * self.spec_host_scale * 1e-6 * _float_or_array(f.verify_seqs)
                     + eff.get("spec_token_overhead_us", 0.0) * 1e-6 * f.num_drafts)
             host = eff["step_overhead_ms"] * 1e-3 + eff["per_seq_overhead_us"] * 1e-6 * _float_or_array(f.num_seqs)
-            if eager and self.graph_max_tokens is not None and EAGER_HOST_OVERLAP:
-                host = host + launches
+            launches = self._ungraphed_launches_s(n_tok, eff)
+            if launches is not None:
+                if EAGER_HOST_OVERLAP:
+                    host = host + launches
+                else:
+                    kernels = kernels + launches
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
+
+    def _ungraphed_launches_s(self, n_tok, eff: dict[str, float]):
+        """Host time launching the kernels of steps too large for a captured graph (`eager_kernel_us` per kernel;
+        module docstring), per step; None where the term is off (no value, or no capture size given)."""
+        eager = eff.get("eager_kernel_us", 0.0)
+        if not eager or self.graph_max_tokens is None:
+            return None
+        if not self._kernels_per_pass:
+            raise CapacityError(_NO_KERNEL_COUNT.format(gpu=self.gpu.name))
+        return eager * 1e-6 * self._kernels_per_pass * (n_tok > self.graph_max_tokens)
 
     def layer_kernels_s(self, efficiency: dict[str, float] | None = None) -> float:
         """Fixed GPU time of one forward pass's layer kernels (the kernels part of the "overhead" time part):
