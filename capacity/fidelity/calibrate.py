@@ -77,7 +77,7 @@ PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
                "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us", "moe_token_overhead_ns", "eager_kernel_us")
 # Host time per kernel of a step that replays no graph (step_cost module docstring): 0 to EAGER_KERNEL_MAX_US.
-# basis: assumed; a PyTorch eager op's dispatch and launch costs ~5-20 us on a server CPU, and a kernel launched
+# basis: assumed (an order of magnitude, not measured here): a PyTorch eager op's dispatch and launch ~5-20 us on a server CPU, a kernel launched
 # from Inductor's wrapper less; 100 us per kernel would make a 60-layer model's prompt step 0.1-0.2 s of host time.
 # A fit on the bound is reported as failed.
 EAGER_KERNEL_MAX_US = 100.0
