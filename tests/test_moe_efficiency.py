@@ -1,6 +1,7 @@
 """Expert GEMMs of int4 (W4A16) MoE models stream their weights at the profile's `moe_int4` efficiency and
-run their FLOPs at `moe` (vLLM's triton int4 grouped GEMM unpacks each weight tile to bf16 in registers and
-multiplies on the bf16 matrix cores: fused_moe.py `fused_moe_kernel_gptq_awq`); every other expert format
+run their FLOPs at `moe` (vLLM's triton int4 grouped GEMM unpacks each weight tile to bf16 in registers, once per
+block of an expert's tokens, and multiplies on the bf16 matrix cores: fused_moe.py `fused_moe_kernel_gptq_awq`);
+every other expert format
 uses `moe` for both (capacity.inputs.hardware.GpuProfile.moe_efficiency_key)."""
 
 import numpy as np
@@ -25,12 +26,56 @@ def test_int4_experts_scale_inversely_with_moe_int4_only():
     assert _moe_seconds("moonshotai/Kimi-K2.5", moe_int4=0.4, moe=0.9) == pytest.approx(base, rel=1e-12)
 
 
-def test_int4_prefill_computes_at_moe_not_moe_int4():
-    """16 prompt chunks of 2048 tokens: 32k tokens touch every expert, so the grouped GEMM is compute-bound
-    and its time is the routed-expert FLOPs at bf16 over `moe`, whatever `moe_int4` is."""
-    base = _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.8, moe_int4=0.4)
-    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.8, moe_int4=0.2) == pytest.approx(base, rel=1e-12)
-    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.4, moe_int4=0.4) == pytest.approx(2 * base, rel=1e-12)
+def test_int4_prefill_computes_at_moe_where_the_weights_keep_up():
+    """16 prompt chunks of 2048 tokens with the int4 weights unpacked fast (`moe_int4` 1): the grouped GEMM is
+    compute-bound and its time is the routed-expert FLOPs at bf16 over `moe`."""
+    base = _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.4, moe_int4=1.0)
+    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.4, moe_int4=0.9) == pytest.approx(base, rel=1e-12)
+    assert _moe_seconds("moonshotai/Kimi-K2.5", tokens=2048, moe=0.2, moe_int4=1.0) == pytest.approx(2 * base, rel=1e-12)
+
+
+def _monte_carlo_blocks(tokens: int, experts: int = 384, top_k: int = 8, block_m: int = 64, draws: int = 40) -> float:
+    """Mean over random routings of sum over experts of ceil(tokens routed to it / block_m): each token picks top_k
+    distinct experts uniformly, as the kernel's blocks are counted in vLLM's moe_align_block_size."""
+    rng = np.random.default_rng(7)
+    total = 0.0
+    for _ in range(draws):
+        picks = np.argsort(rng.random((tokens, experts)), axis=1)[:, :top_k].ravel()
+        total += np.ceil(np.bincount(picks, minlength=experts) / block_m).sum()
+    return total / draws
+
+
+def test_int4_weights_are_unpacked_once_per_block_of_tokens_on_rocm():
+    """vLLM's Triton int4 MoE (fused_moe.py `fused_moe_kernel_gptq_awq`) runs one program per BLOCK_SIZE_M tokens
+    of an expert and unpacks the expert's weight panel in each, so with the unpacking as the bound (`moe_int4` low,
+    `moe` high) one 8k-token prompt chunk of Kimi-K2.5 (384 experts, top 8, 64-token blocks) costs what its blocks
+    count against a 1k chunk's, one block per expert: about 3.05x, from random routings."""
+    gpu = load_gpu("MI300X")
+    cost = StepCostModel(gpu, load_model("moonshotai/Kimi-K2.5"), 8)
+    eff = {**gpu.efficiency, "moe": 1.0, "moe_int4": 0.02}
+
+    def seconds(tokens: int) -> float:
+        return float(cost.time_parts(cost.features(np.array([tokens]), np.array([tokens])), eff)["moe_gemm"])
+
+    expected = _monte_carlo_blocks(8192) / _monte_carlo_blocks(1024)
+    assert 2.9 < expected < 3.2
+    assert seconds(8192) / seconds(1024) == pytest.approx(expected, rel=0.01)
+
+
+def test_int4_block_size_follows_vllms_default_config():
+    """fused_moe.py `get_default_config` for int4_w4a16: BLOCK_SIZE_M 16 for M <= 20 tokens, 32 for M <= 40, 64 above."""
+    from capacity.cost.step_cost import int4_triton_block_m
+
+    assert [int4_triton_block_m(m) for m in (1, 20, 21, 40, 41, 8192)] == [16, 16, 32, 32, 64, 64]
+
+
+def test_int4_decode_touches_each_expert_once():
+    """A decode step's experts each get fewer tokens than a block holds: the weight term counts touched experts,
+    E (1 - (1 - k/E)^n) (modelling_notes section 3.1), whether or not the per-block rule is on."""
+    from capacity.cost import step_cost
+
+    assert step_cost.expected_expert_blocks(384, 8, 64.0, 64.0) == pytest.approx(
+        step_cost.expected_distinct_experts(384, 8, 64.0), rel=1e-12)
 
 
 def test_other_expert_formats_ignore_moe_int4():

@@ -108,12 +108,14 @@ decode or prefill step is priced as before):
   runs them in its triton grouped GEMM for int4 weights (vllm/model_executor/layers/fused_moe/fused_moe.py
   `fused_moe_kernel_gptq_awq`, `use_int4_w4a16`): each tile of packed int4 weights is loaded, unpacked and
   scaled to bf16 in registers and multiplied with `tl.dot` on the bf16 matrix cores. The unpacking is
-  paid per weight tile per block of BLOCK_SIZE_M tokens (16-64, `get_default_config`), so at decode,
-  one block per expert, it slows the weight-streaming side, which `moe_int4` prices (efficiency of
-  streaming the packed weights against HBM bandwidth); at a large-M (prefill) call it is spread over
-  up to 64 tokens per tile and the FLOPs, at the bf16 grouped-GEMM rate `moe` like every other format's
-  experts, dominate. One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill
-  2.1x slower than measured on MI355X (TP8) once decode had pulled `moe_int4` down.
+  paid per weight tile per block of BLOCK_SIZE_M tokens (16-64, `get_default_config`): `moe_int4` prices
+  it (the rate of working through the packed weights against HBM bandwidth), once per block of each
+  expert's tokens on ROCm (`expected_expert_blocks`, INT4_TRITON_BLOCK_M: one block per touched expert at
+  decode, about three per expert for an 8k-token Kimi-K2.5 prompt chunk; docs/seed_validation.md section 38),
+  once per touched expert on CUDA, whose Marlin MoE kernel is not modelled in blocks. The FLOPs run at the
+  bf16 grouped-GEMM rate `moe` like every other format's experts; the step takes the larger of the two.
+  One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill 2.1x slower than measured on
+  MI355X (TP8) once decode had pulled `moe_int4` down.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
   every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
@@ -127,6 +129,7 @@ decode or prefill step is priced as before):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Callable
 
@@ -209,6 +212,71 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
         return np.zeros_like(num_tokens, dtype=float)
     n = np.maximum(num_tokens, 0.0)
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
+
+
+# vLLM's Triton int4 grouped GEMM for weight-only int4 experts on ROCm (`fused_moe_kernel_gptq_awq`, use_int4_w4a16)
+# tiles each expert's tokens into blocks of BLOCK_SIZE_M rows; every block (one program per BLOCK_SIZE_N columns)
+# loads, unpacks and scales the expert's whole K x BLOCK_SIZE_N weight panel before its tl.dot, so the weight work
+# is paid once per block of tokens, not once per expert. BLOCK_SIZE_M by the number of tokens M in the call:
+# vLLM's default for int4_w4a16 (vllm/model_executor/layers/fused_moe/fused_moe.py `get_default_config`: 16 for
+# M <= 20, 32 for M <= 40, 64 above; read at 000d1458, the rule docs/seed_validation.md section 36 read for
+# v0.18.0), which MI300X runs (vLLM ships no int4_w4a16 config for it); MI355X's tuned
+# `E=384,N=256,device_name=AMD_Instinct_MI355X,dtype=int4_w4a16.json` (vLLM PR #35093, read at 0f77f932) takes
+# 16 up to 20 tokens, 32 up to 112 and 64 from 128, the same 64 wherever an expert gets more than one block.
+INT4_TRITON_BLOCK_M = ((20, 16), (40, 32))   # (largest M, BLOCK_SIZE_M); 64 above
+# A screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;INT4_WEIGHT_PER_BLOCK=False"): False prices
+# the int4 weights once per touched expert, as before docs/seed_validation.md section 38.
+INT4_WEIGHT_PER_BLOCK = True
+INT4_TRITON_BLOCK_M_ABOVE = 64
+
+
+def int4_triton_block_m(num_tokens: np.ndarray | float) -> np.ndarray | float:
+    """BLOCK_SIZE_M of vLLM's default int4_w4a16 MoE config for a call on `num_tokens` tokens (INT4_TRITON_BLOCK_M)."""
+    n = np.asarray(num_tokens, dtype=float)
+    out = np.full(n.shape, float(INT4_TRITON_BLOCK_M_ABOVE))
+    for largest, block in reversed(INT4_TRITON_BLOCK_M):
+        out = np.where(n <= largest, float(block), out)
+    return out if out.ndim else float(out)
+
+
+def expected_expert_blocks(num_experts: int, experts_per_token: int, num_tokens: np.ndarray | float,
+                           block_m: np.ndarray | float) -> np.ndarray | float:
+    """Expected number of BLOCK_SIZE_M token blocks a layer's grouped GEMM runs over all experts for `num_tokens`
+    routed tokens: sum over experts of E[ceil(X / block_m)], X ~ Binomial(n, k/E) the expert's tokens under
+    uniform routing, i.e. E * sum_j P(X > j * block_m). The j = 0 term is `expected_distinct_experts`; the rest
+    count the extra blocks of experts with more tokens than one block holds (a prompt chunk)."""
+    if num_experts <= 0:
+        return np.zeros_like(num_tokens, dtype=float)
+    n = np.maximum(np.asarray(num_tokens, dtype=float), 0.0)
+    b = np.broadcast_to(np.asarray(block_m, dtype=float), n.shape)
+    p = experts_per_token / num_experts
+    blocks = 1.0 - (1.0 - p) ** n
+    if float(np.max(n / b, initial=0.0)) * p > 0.05:   # some expert may need a second block
+        if n.ndim == 0:
+            blocks = blocks + _extra_blocks(float(n), float(b), p)
+        else:   # once per distinct (tokens, block) pair: a re-pricing prices the same steps many times
+            pairs, where = np.unique(np.stack([n.ravel(), b.ravel()]), axis=1, return_inverse=True)
+            extra = np.array([_extra_blocks(float(t), float(m), p) for t, m in pairs.T])
+            blocks = blocks + extra[where.ravel()].reshape(n.shape)
+    out = num_experts * blocks
+    return out if np.ndim(out) else float(out)
+
+
+@functools.lru_cache(maxsize=65536)
+def _extra_blocks(n: float, block_m: float, p: float) -> float:
+    """sum over j >= 1 of P(X > j * block_m), X ~ Binomial(n, p): one expert's blocks beyond its first."""
+    if n <= block_m:
+        return 0.0
+    from scipy.special import betainc   # imported when first needed (int4 experts on ROCm only)
+
+    lam = n * p
+    total = 0.0
+    for j in range(1, int(np.ceil((lam + 10.0 * np.sqrt(lam) + 10.0) / block_m)) + 1):
+        k = j * block_m
+        if k >= n:
+            break
+        total += float(betainc(k + 1.0, n - k, p))   # P(X > k) = I_p(k + 1, n - k); real n: routed_tokens may be fractional
+    return total
 
 
 def expected_max_std_normal(m: int) -> float:
@@ -705,6 +773,10 @@ class StepCostModel:
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
+        # weight-only int4 experts on ROCm run vLLM's Triton int4 kernel, which unpacks each expert's weights once per
+        # block of its tokens (INT4_TRITON_BLOCK_M); CUDA runs Marlin's MoE, whose blocking is not modelled
+        self._int4_weight_per_block = (INT4_WEIGHT_PER_BLOCK and gpu.is_rocm and model.num_moe_layers > 0
+                                       and self.moe_efficiency_key == "moe_int4")
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])
@@ -917,7 +989,13 @@ class StepCostModel:
             # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
             # never faster than this GPU's own HBM
             stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
-            bytes_s = pad * m.num_moe_layers * experts * m.expert_weight_bytes / (tp * stream)
+            # the weight panels the kernel works through: one per touched expert, or one per block of each expert's
+            # tokens where the kernel unpacks them per block (vLLM's Triton int4 MoE on ROCm, INT4_TRITON_BLOCK_M)
+            panels = experts
+            if self._int4_weight_per_block:
+                panels = expected_expert_blocks(m.num_experts, m.experts_per_token, self.routed_tokens(f),
+                                                int4_triton_block_m(n_tok))
+            bytes_s = pad * m.num_moe_layers * panels * m.expert_weight_bytes / (tp * stream)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             before["moe_gemm"] = np.maximum(flops_s, bytes_s)
