@@ -223,11 +223,11 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
 # v0.18.0), which MI300X runs (vLLM ships no int4_w4a16 config for it); MI355X's tuned
 # `E=384,N=256,device_name=AMD_Instinct_MI355X,dtype=int4_w4a16.json` (vLLM PR #35093, read at 0f77f932) takes
 # 16 up to 20 tokens, 32 up to 112 and 64 from 128, the same 64 wherever an expert gets more than one block.
-INT4_TRITON_BLOCK_M = ((20, 16), (40, 32))   # (largest M, BLOCK_SIZE_M); 64 above
+INT4_TRITON_BLOCK_M = ((20, 16), (40, 32))   # (largest M, BLOCK_SIZE_M)
+INT4_TRITON_BLOCK_M_ABOVE = 64               # BLOCK_SIZE_M above the table's largest M
 # A screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;INT4_WEIGHT_PER_BLOCK=False"): False prices
 # the int4 weights once per touched expert, as before docs/seed_validation.md section 38.
 INT4_WEIGHT_PER_BLOCK = True
-INT4_TRITON_BLOCK_M_ABOVE = 64
 
 
 def int4_triton_block_m(num_tokens: np.ndarray | float) -> np.ndarray | float:
