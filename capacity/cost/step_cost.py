@@ -219,8 +219,8 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
 # loads, unpacks and scales the expert's whole K x BLOCK_SIZE_N weight panel before its tl.dot, so the weight work
 # is paid once per block of tokens, not once per expert. BLOCK_SIZE_M by the number of tokens M in the call:
 # vLLM's default for int4_w4a16 (vllm/model_executor/layers/fused_moe/fused_moe.py `get_default_config`: 16 for
-# M <= 20, 32 for M <= 40, 64 above; read at 000d1458, the rule docs/seed_validation.md section 36 read for
-# v0.18.0), which MI300X runs (vLLM ships no int4_w4a16 config for it); MI355X's tuned
+# M <= 20, 32 for M <= 40, 64 above; read at 000d1458, an older stored version, the rule docs/seed_validation.md
+# section 28 quoted; not re-read at v0.18.0), which MI300X runs (vLLM ships no int4_w4a16 config for it); MI355X's tuned
 # `E=384,N=256,device_name=AMD_Instinct_MI355X,dtype=int4_w4a16.json` (vLLM PR #35093, read at 0f77f932) takes
 # 16 up to 20 tokens, 32 up to 112 and 64 from 128, the same 64 wherever an expert gets more than one block.
 INT4_TRITON_BLOCK_M = ((20, 16), (40, 32))   # (largest M, BLOCK_SIZE_M)
