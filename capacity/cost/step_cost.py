@@ -245,21 +245,20 @@ def expected_expert_blocks(num_experts: int, experts_per_token: int, num_tokens:
     routed tokens: sum over experts of E[ceil(X / block_m)], X ~ Binomial(n, k/E) the expert's tokens under
     uniform routing, i.e. E * sum_j P(X > j * block_m). The j = 0 term is `expected_distinct_experts`; the rest
     count the extra blocks of experts with more tokens than one block holds (a prompt chunk)."""
+    touched = expected_distinct_experts(num_experts, experts_per_token, num_tokens)
     if num_experts <= 0:
-        return np.zeros_like(num_tokens, dtype=float)
+        return touched
     n = np.maximum(np.asarray(num_tokens, dtype=float), 0.0)
     b = np.broadcast_to(np.asarray(block_m, dtype=float), n.shape)
     p = experts_per_token / num_experts
-    blocks = 1.0 - (1.0 - p) ** n
-    if float(np.max(n / b, initial=0.0)) * p > 0.05:   # some expert may need a second block
-        if n.ndim == 0:
-            blocks = blocks + _extra_blocks(float(n), float(b), p)
-        else:   # once per distinct (tokens, block) pair: a re-pricing prices the same steps many times
-            pairs, where = np.unique(np.stack([n.ravel(), b.ravel()]), axis=1, return_inverse=True)
-            extra = np.array([_extra_blocks(float(t), float(m), p) for t, m in pairs.T])
-            blocks = blocks + extra[where.ravel()].reshape(n.shape)
-    out = num_experts * blocks
-    return out if np.ndim(out) else float(out)
+    if float(np.max(n / b, initial=0.0)) * p <= 0.05:   # no expert needs a second block
+        return touched
+    if n.ndim == 0:
+        return float(touched + num_experts * _extra_blocks(float(n), float(b), p))
+    # once per distinct (tokens, block) pair: a re-pricing prices the same steps many times
+    pairs, where = np.unique(np.stack([n.ravel(), b.ravel()]), axis=1, return_inverse=True)
+    extra = np.array([_extra_blocks(float(t), float(m), p) for t, m in pairs.T])
+    return touched + num_experts * extra[where.ravel()].reshape(n.shape)
 
 
 @functools.lru_cache(maxsize=65536)
