@@ -24,7 +24,7 @@ ALPHA_US, LINK_EFFICIENCY = 7.0, 0.65
 def measured():
     rows = pd.read_csv(data_dir() / "measurements" / "allreduce_kernels.csv")
     assert rows.source.str.startswith("https://github.com/").all()
-    return rows[rows.gpu == "MI300X"]
+    return rows[(rows.gpu == "MI300X") & rows.kernel.str.startswith("vLLM custom all-reduce")]
 
 
 def _times_us(gpu, tp, message_bytes):

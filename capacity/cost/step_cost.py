@@ -136,7 +136,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, MeasuredAllreduce, measured_allreduce
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile
@@ -178,6 +178,12 @@ _NO_KERNEL_COUNT = ("{gpu}: efficiency.eager_kernel_us needs kernels_per_dense_l
 # all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
 # --variant "NAME=GPU;MOE_TOKEN_COST_SPLIT_BY_EP=True"); docs/seed_validation.md section 32.
 MOE_TOKEN_COST_SPLIT_BY_EP = False
+# Where the per-routed-token MoE time (`moe_token_overhead_ns`) goes: False (shipped) after the grouped GEMM's
+# max(compute, weight reads), in series with both; True on its compute side, max(compute + per-token time, weight
+# reads), as work of the kernel's tiles (the tokens' gather, the epilogue that scales and writes each routed
+# token's row) that the weight stream of a bandwidth-bound step covers. A screening switch
+# (scripts/screen_cost_terms.py --variant "NAME=GPU;MOE_TOKEN_COST_COMPUTE_SIDE=True").
+MOE_TOKEN_COST_COMPUTE_SIDE = False
 # Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
 # vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
 # gpt_oss on ROCm, intermediate_size_per_partition_after_pad = round_up(intermediate_size_per_partition, 256), so
@@ -355,6 +361,53 @@ def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduc
     if type(message_bytes) is float:
         return quick if message_bytes >= floor else traffic
     return np.where(np.asarray(message_bytes) >= floor, quick, traffic)
+
+
+# True: where a GPU's fabric has measured all-reduce latencies (hardware.measured_allreduce: capacity/data/measurements/
+# allreduce_latency.yaml, MI300X and MI325X), one all-reduce costs the latency measured for its TP size, message size
+# and the path vLLM takes (`measured_allreduce_s`), over `efficiency.allreduce` (then the fraction of that measured rate
+# reached in serving; 1 = the microbenchmark). False (shipped) and elsewhere: the latency-plus-bytes form of
+# `allreduce_bytes` at the profile's scale-up bandwidth. Not shipped: MI300X refitted with it puts its request delay on
+# the floor 0 (docs/seed_validation.md section 39). A screening switch (scripts/screen_cost_terms.py
+# --variant "NAME=PROFILE.yaml;ALLREDUCE_MEASURED_LATENCY=True", PROFILE with `allreduce` at 1).
+ALLREDUCE_MEASURED_LATENCY = False
+
+
+def _interp_extrapolate(x, xs: np.ndarray, ys: np.ndarray):
+    """Piecewise-linear y(x) through (xs, ys): held at ys[0] below xs[0], extended at the last segment's slope above xs[-1]."""
+    slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+    if type(x) is float or np.ndim(x) == 0:
+        x = float(x)
+        return float(ys[-1] + slope * (x - xs[-1])) if x > xs[-1] else float(np.interp(x, xs, ys))
+    x = np.asarray(x, dtype=float)
+    return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), np.interp(x, xs, ys))
+
+
+def measured_allreduce_s(message_bytes, measured: "MeasuredAllreduce", tp: int, quick_reduce_codec: str | None = None,
+                         quick_reduce_min_bytes: float = 0.0):
+    """Seconds of one all-reduce of `message_bytes` (scalar or array) over `tp` GPUs as measured on the fabric, on the
+    path vLLM takes on ROCm: QuickReduce with its codec for messages of at least its minimum size where it is on
+    (quick_reduce_rule), else its custom all-reduce below CUSTOM_ALLREDUCE_MAX_BYTES and RCCL from there. None where
+    the measurements have no figures for this TP size."""
+    paths = measured.curves.get(int(tp))
+    if paths is None:
+        return None
+
+    def at(path: str):
+        xs, ys = paths[path]
+        return _interp_extrapolate(message_bytes, np.asarray(xs), np.asarray(ys))
+
+    custom, rccl = at("custom"), at("rccl")
+    if type(message_bytes) is float or np.ndim(message_bytes) == 0:
+        us = custom if float(message_bytes) < CUSTOM_ALLREDUCE_MAX_BYTES else rccl
+        if quick_reduce_codec is not None and float(message_bytes) >= quick_reduce_min_bytes:
+            us = at(quick_reduce_codec)
+        return us * 1e-6
+    sizes = np.asarray(message_bytes)
+    us = np.where(sizes < CUSTOM_ALLREDUCE_MAX_BYTES, custom, rccl)
+    if quick_reduce_codec is not None:
+        us = np.where(sizes >= quick_reduce_min_bytes, at(quick_reduce_codec), us)
+    return us * 1e-6
 
 
 # Kernels one decoder layer launches outside the collectives, counted from vLLM's model code (graph-replayed
@@ -811,6 +864,12 @@ class StepCostModel:
             raise CapacityError(_NO_KERNEL_COUNT.format(gpu=gpu.name))
         self._allreduce_algorithm = "vllm" if gpu.scaleup_links_per_gpu else "ring"   # opt-in (allreduce_traffic)
         self._quick_reduce = quick_reduce_rule(gpu.architecture, self.tp, quick_reduce_quantization)
+        # the fabric's measured all-reduce latencies where it has them for this TP size (ALLREDUCE_MEASURED_LATENCY)
+        self._allreduce_measured: tuple | None = None
+        measured = measured_allreduce(gpu.name) if ALLREDUCE_MEASURED_LATENCY and self.tp > 1 else None
+        if measured is not None and self.tp in measured.curves:
+            codec = quick_reduce_quantization.lower() if self._quick_reduce is not None else None
+            self._allreduce_measured = (measured, codec, self._quick_reduce[0] if codec else 0.0)
         # shape-dependent GEMM efficiency (module docstring), where the profile has a curve for the dtype
         dense_calls, expert_calls = gemm_calls(model)
         w_dense = gpu.gemm_w_half_flops(model.dense_weight_dtype)
@@ -997,10 +1056,8 @@ class StepCostModel:
             bytes_s = pad * m.num_moe_layers * panels * m.expert_weight_bytes / (tp * stream)
             if self.ep > 1:
                 flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
-            before["moe_gemm"] = np.maximum(flops_s, bytes_s)
-            if self._expert_call_s:
-                before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
             per_token = eff.get("moe_token_overhead_ns", 0.0)
+            token_s = 0.0
             if per_token:
                 # work every TP rank repeats for every token and each expert it is routed to, in each MoE layer
                 # (routing, sorting, the tokens' gather and scatter; docs/seed_validation.md section 31): not
@@ -1008,7 +1065,13 @@ class StepCostModel:
                 routed = n_tok * m.num_moe_layers * m.experts_per_token
                 if MOE_TOKEN_COST_SPLIT_BY_EP:
                     routed = routed / self.ep
-                before["moe_gemm"] = before["moe_gemm"] + per_token * 1e-9 * routed
+                token_s = per_token * 1e-9 * routed
+            compute_side = MOE_TOKEN_COST_COMPUTE_SIDE and per_token
+            before["moe_gemm"] = np.maximum(flops_s + token_s if compute_side else flops_s, bytes_s)
+            if self._expert_call_s:
+                before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
+            if per_token and not compute_side:
+                before["moe_gemm"] = before["moe_gemm"] + token_s
         snapshot = None
         if m.num_linear_attention_layers:
             snapshot = self.snapshot_bytes(f) / (tp * bw * self.state_snapshot_write_efficiency)
@@ -1050,8 +1113,13 @@ class StepCostModel:
         return eff["layer_overhead_us"] * 1e-6 * self._layer_units
 
     def _allreduce_call_s(self, message_bytes, eff: dict[str, float]):
-        """Seconds of one tensor-parallel all-reduce of `message_bytes`: the scale-up latency plus the bytes each
-        GPU moves (allreduce_bytes: vLLM's algorithm or the ring, QuickReduce where it applies) over its bandwidth."""
+        """Seconds of one tensor-parallel all-reduce of `message_bytes`: the fabric's measured latency on vLLM's path
+        (measured_allreduce_s) over `efficiency.allreduce` where the fabric has one, else the scale-up latency plus
+        the bytes each GPU moves (allreduce_bytes: vLLM's algorithm or the ring, QuickReduce where it applies) over
+        its bandwidth."""
+        if self._allreduce_measured is not None:
+            measured, codec, quick_min = self._allreduce_measured
+            return measured_allreduce_s(message_bytes, measured, self.tp, codec, quick_min) / eff["allreduce"]
         return (self.gpu.scaleup_latency_us * 1e-6
                 + allreduce_bytes(message_bytes, self.tp, self._allreduce_algorithm, self._quick_reduce)
                 / (self._allreduce_bw * eff["allreduce"]))

@@ -27,7 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from capacity.errors import CapacityError
-from capacity.paths import hw_profiles_dir
+from capacity.paths import data_dir, hw_profiles_dir
 from capacity.util.text import quote
 from capacity.inputs import safe_yaml
 
@@ -427,6 +427,51 @@ class GpuProfile:
 
 # ----------------------------------------------------------------------------------------------
 # Public functions
+
+
+@dataclass(frozen=True)
+class MeasuredAllreduce:
+    """Measured latency of one all-reduce on a GPU's scale-up fabric (capacity/data/measurements/allreduce_latency.yaml):
+    per tensor-parallel size and path (custom, rccl, fp, int8, int6, int4), the message sizes in bytes and the
+    latency in us at each."""
+
+    fabric: str
+    curves: dict[int, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]]
+
+
+ALLREDUCE_LATENCY_FILE = "allreduce_latency.yaml"
+
+
+@functools.lru_cache(maxsize=None)
+def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
+    """The measured all-reduce latencies that apply to `gpu_name` (the fabric whose `gpus` list names it), or None.
+    The `custom` path comes from the rows of `custom_from` whose kernel is vLLM's custom all-reduce, at the TP sizes
+    they cover; elsewhere it is the table's `fp` column (the file's header says why)."""
+    folder = data_dir() / "measurements"
+    doc = yaml.safe_load((folder / ALLREDUCE_LATENCY_FILE).read_text())
+    for fabric, entry in doc["fabrics"].items():
+        if gpu_name not in entry["gpus"]:
+            continue
+        sizes = tuple(float(x) for x in entry["sizes_bytes"])
+        curves: dict[int, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]] = {}
+        for tp, paths in entry["latency_us"].items():
+            for path, values in paths.items():
+                if len(values) != len(sizes):
+                    raise CapacityError(f"{ALLREDUCE_LATENCY_FILE}: {fabric} TP{tp} {path} has {len(values)} "
+                                        f"latencies for {len(sizes)} sizes; give one per size")
+            curves[int(tp)] = {path: (sizes, tuple(float(v) for v in values)) for path, values in paths.items()}
+            curves[int(tp)]["custom"] = curves[int(tp)]["fp"]
+        ref = entry.get("custom_from")
+        if ref:
+            import csv
+            with open(folder / ref["file"], newline="") as f:
+                rows = [r for r in csv.DictReader(f) if r["gpu"] == ref["gpu"]
+                        and r["kernel"].startswith("vLLM custom all-reduce")]
+            for tp in sorted({int(r["tp"]) for r in rows} & set(curves)):
+                pts = sorted((float(r["message_bytes"]), float(r["time_us"])) for r in rows if int(r["tp"]) == tp)
+                curves[tp]["custom"] = (tuple(x for x, _ in pts), tuple(y for _, y in pts))
+        return MeasuredAllreduce(fabric, curves)
+    return None
 
 
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
