@@ -74,3 +74,25 @@ def test_gpt_oss_expert_rounding_on_rocm_follows_vllms_round_up(monkeypatch, tp,
     assert float(np.ravel(on)[0]) == pytest.approx(float(np.ravel(off)[0]) * stored / (2880 / tp), rel=1e-12)
     h200 = StepCostModel(load_gpu("H200"), m, tp)
     assert h200._expert_pad == 1.0
+
+
+def test_on_the_compute_side_a_weight_bound_step_hides_it(monkeypatch):
+    """The screening form (MOE_TOKEN_COST_COMPUTE_SIDE): the per-routed-token time joins the grouped GEMM's compute,
+    max(compute + n x k x layers x t, weight reads). A 4-token decode step of MiniMax-M2.5 reads ~30 touched experts'
+    weights per layer, far longer than 4 x 8 x 62 routed tokens at 10 ns, so its time does not move; a 16,384-token
+    prompt step, whose expert FLOPs outlast every expert's weights, pays the whole amount."""
+    from capacity.cost import step_cost
+    monkeypatch.setattr(step_cost, "MOE_TOKEN_COST_COMPUTE_SIDE", True)
+    model = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="fp8")
+    base = load_gpu("MI355X").with_overrides(efficiency={"moe_token_overhead_ns": 0.0})
+    with_cost = base.with_overrides(efficiency={"moe_token_overhead_ns": 10.0})
+
+    def moe(gpu, tokens):
+        cost = StepCostModel(gpu, model, 2)
+        if tokens == 1:
+            return cost.forward(np.ones(4, int), np.full(4, 1000)).parts_s["moe_gemm"]
+        return cost.forward([tokens], [tokens]).parts_s["moe_gemm"]
+
+    assert moe(with_cost, 1) == pytest.approx(moe(base, 1), rel=1e-12)
+    expected = 10e-9 * 16384 * model.experts_per_token * model.num_moe_layers
+    assert moe(with_cost, 16384) - moe(base, 16384) == pytest.approx(expected, rel=1e-9)

@@ -1066,7 +1066,7 @@ class StepCostModel:
                 if MOE_TOKEN_COST_SPLIT_BY_EP:
                     routed = routed / self.ep
                 token_s = per_token * 1e-9 * routed
-            compute_side = MOE_TOKEN_COST_COMPUTE_SIDE and per_token
+            compute_side = bool(MOE_TOKEN_COST_COMPUTE_SIDE and per_token)
             before["moe_gemm"] = np.maximum(flops_s + token_s if compute_side else flops_s, bytes_s)
             if self._expert_call_s:
                 before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s

@@ -14,6 +14,7 @@ one-line message that names the file and the key.
 
 from __future__ import annotations
 
+import csv
 import functools
 
 import datetime as _dt
@@ -463,7 +464,6 @@ def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
             curves[int(tp)]["custom"] = curves[int(tp)]["fp"]
         ref = entry.get("custom_from")
         if ref:
-            import csv
             with open(folder / ref["file"], newline="") as f:
                 rows = [r for r in csv.DictReader(f) if r["gpu"] == ref["gpu"]
                         and r["kernel"].startswith("vLLM custom all-reduce")]
