@@ -136,10 +136,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, MeasuredAllreduce, measured_allreduce
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce
 
 if TYPE_CHECKING:
-    from capacity.inputs.hardware import GpuProfile
+    from capacity.inputs.hardware import GpuProfile, MeasuredAllreduce
     from capacity.inputs.models import ModelArch
 
 # False prices host time serially even where the engine schedules asynchronously (an ablation switch
