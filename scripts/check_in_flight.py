@@ -5,7 +5,7 @@
 Little's law on the decode phase: output tok/s x TPOT is how many requests were decoding at once. That
 count depends on no fitted efficiency. The simulator's memory model (`capacity.sim.simulate.deploy`)
 says how many requests of the row's mean context (prompt + half the output) its KV cache holds. A row
-whose count is well under both its users and that capacity was limited by something the scenario does
+whose count is well under its users, that capacity and its max_num_seqs was limited by something the scenario does
 not say: a KV cache of another dtype than the script states, or a cap outside the engine
 (docs/seed_validation.md section 30). Prints every row at 16 or more users, flagging ratios under
 --flag-below (`capacity calibrate` warns about the same rows, from the lengths it drew). Run by hand
@@ -44,7 +44,8 @@ def main() -> None:
         if sc is None or not decoding == decoding:
             continue
         holds = kv_holds_requests(sc, r.isl + r.osl / 2)
-        ratio = decoding / min(r.concurrency_or_qps, holds)
+        cap = sc.get("engine", {}).get("max_num_seqs") or float("inf")   # the script's or an inferred cap
+        ratio = decoding / min(r.concurrency_or_qps, holds, cap)
         print(f"{r.gpu:7} {r.model[:24]:24} {str(r.framework_version)[-8:]:8} TP{int(r.tp)} {int(r.isl)}/{int(r.osl)} "
               f"{int(r.concurrency_or_qps):4d} users: TTFT {r.ttft_ms:9.0f} ms, decoding {decoding:6.1f}, "
               f"KV holds {holds:7.1f} ({sc['deployment'].get('kv_cache_dtype', 'auto')}), ratio {ratio:.2f}"

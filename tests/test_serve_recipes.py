@@ -204,17 +204,45 @@ def test_h100_llama_rows_queue_as_a_bf16_kv_cache_does_and_h200s_as_fp8(rows):
     assert row_scenario(h200)[0]["deployment"]["kv_cache_dtype"] == "fp8"
 
 
+def test_h100_gpt_oss_rows_at_512_users_run_as_a_64_request_cap_does(rows):
+    """The `inferred` max_num_seqs of H100's gpt-oss-120b v0.11.2 series rests on capacity, not on a fit: the
+    measured requests decoding at once (Little's law on the decode phase) are 62-64 at TP2 and TP4 and at both
+    prompt lengths, of 512 users, although TP4's simulated KV cache holds more than twice TP2's; a memory limit
+    would scale with it, a cap on requests does not. Each count is within 3 % of 64 and under a third of what
+    the cache holds; the rows then run with the cap (the script's --max-num-seqs $CONC is overridden)."""
+    from capacity.fidelity.common import decoding_at_once, kv_holds_requests
+
+    num = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("tp", "isl", "osl", "concurrency_or_qps")}
+    sel = rows[(rows.gpu == "H100") & (rows.model == "gpt-oss-120b") & (num["concurrency_or_qps"] == 512)
+               & rows.framework_version.astype(str).str.endswith("v0.11.2")]
+    held = {}
+    for row in sel.to_dict("records"):
+        sc = row_scenario(row)[0]
+        if sc is None:          # TP8 and TP4 8k/1k: requests lost (Little's-law check)
+            continue
+        decoding = decoding_at_once(row, float(row["tp"]))
+        holds = kv_holds_requests(sc, float(row["isl"]) + float(row["osl"]) / 2)
+        assert decoding == pytest.approx(64, rel=0.03) and decoding < holds / 3
+        assert sc["engine"]["max_num_seqs"] == 64
+        held[(int(float(row["tp"])), int(float(row["isl"])))] = holds
+    assert set(held) == {(2, 1024), (4, 1024), (2, 8192)}
+    assert held[(4, 1024)] > 2 * held[(2, 1024)]
+
+
 def test_a_load_short_of_what_the_kv_cache_allows_is_flagged(rows):
     """`common.in_flight_ratio` (what `capacity calibrate` warns about): H100's gpt-oss-120b rows at 512 users
-    decode about 63 requests at once at every TP size, far under both their users and the cache (a load cap
-    outside the engine); H100's Llama row at 8k / 1k and 64 users is flagged at its script's fp8 cache and
-    passes at the bf16 one it behaves as (27.9 decoding, 27.1 held)."""
+    decode about 63 requests at once at every TP size, far under both their users and the cache at the
+    script's --max-num-seqs 512, and at 0.99 of the 64-request cap inferred for them; H100's Llama row at
+    8k / 1k and 64 users is flagged at its script's fp8 cache and passes at the bf16 one it behaves as (27.9
+    decoding, 27.1 held)."""
     from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, in_flight_ratio
 
     num = {c: pd.to_numeric(rows[c], errors="coerce") for c in ("isl", "osl", "tp", "concurrency_or_qps")}
     gpt = rows[(rows.gpu == "H100") & (rows.model == "gpt-oss-120b") & (num["concurrency_or_qps"] == 512)
                & (num["tp"] == 4) & (num["osl"] == 8192)].iloc[0].to_dict()
     sc = row_scenario(gpt)[0]
+    assert in_flight_ratio(gpt, sc, 512, 4, 1024, 8192) > IN_FLIGHT_SHORTFALL
+    sc["engine"]["max_num_seqs"] = 512
     assert in_flight_ratio(gpt, sc, 512, 4, 1024, 8192) < 0.2
     llama = rows[(rows.gpu == "H100") & rows.model.str.startswith("Llama-3.3-70B") & (num["tp"] == 2)
                  & (num["isl"] == 8192) & (num["concurrency_or_qps"] == 64)].iloc[0].to_dict()

@@ -159,6 +159,8 @@ def kv_holds_requests(scenario: dict[str, Any], mean_context_tokens: float) -> f
 def in_flight_ratio(row: dict[str, Any], scenario: dict[str, Any], users: float, num_gpus: float,
                     mean_prompt_tokens: float, mean_output_tokens: float) -> float:
     """A closed-loop row's requests decoding at once over min(users, what its KV cache holds at the mean
-    context: prompt + half the output); NaN where a figure is missing."""
+    context: prompt + half the output, the scenario's max_num_seqs where it sets one); NaN where a figure is
+    missing."""
     holds = kv_holds_requests(scenario, mean_prompt_tokens + mean_output_tokens / 2.0)
-    return decoding_at_once(row, num_gpus) / min(users, holds)
+    cap = float(scenario.get("engine", {}).get("max_num_seqs") or np.inf)
+    return decoding_at_once(row, num_gpus) / min(users, holds, cap)
