@@ -18,7 +18,7 @@ import argparse
 
 import pandas as pd
 
-from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, decoding_at_once, kv_holds_requests
+from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, decoding_at_once, kv_holds_requests, requests_allowed
 from capacity.measurements.row_scenario import row_scenario
 from capacity.measurements.schemas import read_measurements
 from capacity.paths import data_dir
@@ -44,8 +44,7 @@ def main() -> None:
         if sc is None or not decoding == decoding:
             continue
         holds = kv_holds_requests(sc, r.isl + r.osl / 2)
-        cap = sc.get("engine", {}).get("max_num_seqs") or float("inf")   # the script's or an inferred cap
-        ratio = decoding / min(r.concurrency_or_qps, holds, cap)
+        ratio = decoding / requests_allowed(sc, r.concurrency_or_qps, holds)
         print(f"{r.gpu:7} {r.model[:24]:24} {str(r.framework_version)[-8:]:8} TP{int(r.tp)} {int(r.isl)}/{int(r.osl)} "
               f"{int(r.concurrency_or_qps):4d} users: TTFT {r.ttft_ms:9.0f} ms, decoding {decoding:6.1f}, "
               f"KV holds {holds:7.1f} ({sc['deployment'].get('kv_cache_dtype', 'auto')}), ratio {ratio:.2f}"

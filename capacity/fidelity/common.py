@@ -156,11 +156,15 @@ def kv_holds_requests(scenario: dict[str, Any], mean_context_tokens: float) -> f
     return deployed.memory["kv_cache_tokens"] / max(mean_context_tokens, 1.0)
 
 
+def requests_allowed(scenario: dict[str, Any], users: float, kv_holds: float) -> float:
+    """Requests a closed loop of `users` can have running at once: min(users, what the KV cache holds, the
+    scenario's max_num_seqs where it sets one)."""
+    return min(users, kv_holds, float(scenario.get("engine", {}).get("max_num_seqs") or np.inf))
+
+
 def in_flight_ratio(row: dict[str, Any], scenario: dict[str, Any], users: float, num_gpus: float,
                     mean_prompt_tokens: float, mean_output_tokens: float) -> float:
-    """A closed-loop row's requests decoding at once over min(users, what its KV cache holds at the mean
-    context: prompt + half the output, the scenario's max_num_seqs where it sets one); NaN where a figure is
-    missing."""
+    """A closed-loop row's requests decoding at once over `requests_allowed`, the KV cache's capacity taken at the
+    mean context (prompt + half the output); NaN where a figure is missing."""
     holds = kv_holds_requests(scenario, mean_prompt_tokens + mean_output_tokens / 2.0)
-    cap = float(scenario.get("engine", {}).get("max_num_seqs") or np.inf)
-    return decoding_at_once(row, num_gpus) / min(users, holds, cap)
+    return decoding_at_once(row, num_gpus) / requests_allowed(scenario, users, holds)
