@@ -136,10 +136,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce, moe_kernel_curve
 
 if TYPE_CHECKING:
-    from capacity.inputs.hardware import GpuProfile, MeasuredAllreduce
+    from capacity.inputs.hardware import GpuProfile, MeasuredAllreduce, MoeKernelCurve
     from capacity.inputs.models import ModelArch
 
 # False prices host time serially even where the engine schedules asynchronously (an ablation switch
@@ -184,6 +184,11 @@ MOE_TOKEN_COST_SPLIT_BY_EP = False
 # token's row) that the weight stream of a bandwidth-bound step covers. A screening switch
 # (scripts/screen_cost_terms.py --variant "NAME=GPU;MOE_TOKEN_COST_COMPUTE_SIDE=True").
 MOE_TOKEN_COST_COMPUTE_SIDE = False
+# Whether a step on AITER's fused MoE (`engine.moe_backend: aiter`) prices its experts from the architecture's measured
+# kernel curve (capacity/data/moe_kernel_curves.yaml, `aiter_moe_layer_s`: nothing fitted to serving rows) instead of
+# `gemm` x `moe` and `moe` x `hbm`. A screening switch (scripts/screen_cost_terms.py
+# --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=False"); docs/seed_validation.md section 41.
+AITER_MOE_KERNEL_CURVE = False
 # Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
 # vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
 # gpt_oss on ROCm, intermediate_size_per_partition_after_pad = round_up(intermediate_size_per_partition, 256), so
@@ -218,6 +223,46 @@ def expected_distinct_experts(num_experts: int, experts_per_token: int,
         return np.zeros_like(num_tokens, dtype=float)
     n = np.maximum(num_tokens, 0.0)
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
+
+
+# The exponent of the smooth maximum that joins a kernel's streaming and compute times, (s^q + c^q)^(1/q)
+# (`roofline_join`; basis: assumed). A kernel slows before either side alone binds; on AITER's tuned fused-MoE times
+# q = 2-8 fit alike (median |error| 6.3-7.5 %), a hard maximum worse at the CDNA4 rows' transition (8.3 / 21.5 % and a
+# streaming fraction on its bound 1), docs/seed_validation.md section 41.
+ROOFLINE_JOIN_EXPONENT = 4.0
+
+
+def roofline_join(stream_s, compute_s):
+    """The time of a kernel that streams for `stream_s` and computes for `compute_s` (ROOFLINE_JOIN_EXPONENT)."""
+    q = ROOFLINE_JOIN_EXPONENT
+    return (np.asarray(stream_s) ** q + np.asarray(compute_s) ** q) ** (1.0 / q)
+
+
+def aiter_moe_parts_s(curve: "MoeKernelCurve", num_tokens, experts, experts_per_token, expert_bytes,
+                      flops_per_routed_token, hbm_bytes_s, peak_flops) -> tuple:
+    """AITER's fused MoE on one GPU, one layer, without its floor: (seconds streaming the touched experts' weights,
+    seconds of their FLOPs), for `num_tokens` tokens routed to `experts_per_token` of `experts` local experts, each
+    `expert_bytes` of weights and `flops_per_routed_token` per token at this GPU's width. The grouped GEMM's rate is
+    `curve.compute` of the dtype peak times m / (m + m_half), m the routed tokens per touched expert: AITER sorts each
+    expert's tokens into blocks of its tile height (aiter/fused_moe.py `moe_sorting`), so few tokens per expert waste
+    most of each tile (scripts/fit_moe_kernel_curve.py fits the four numbers to AITER's tuned kernel times)."""
+    n = np.maximum(num_tokens, 0.0)
+    touched = np.maximum(experts * (1.0 - (1.0 - experts_per_token / experts) ** n), 1e-12)   # expected_distinct_experts
+    routed = n * experts_per_token
+    per_expert = routed / touched
+    stream_s = touched * expert_bytes / (hbm_bytes_s * curve.stream)
+    compute_s = (routed * flops_per_routed_token
+                 / (peak_flops * curve.compute * per_expert / np.maximum(per_expert + curve.m_half, 1e-12)))
+    return stream_s, compute_s
+
+
+def aiter_moe_layer_s(curve: "MoeKernelCurve", num_tokens, experts, experts_per_token, expert_bytes,
+                      flops_per_routed_token, hbm_bytes_s, peak_flops):
+    """Seconds of AITER's fused MoE for one layer on one GPU (aiter_moe_parts_s joined, plus the kernel's floor; 0 for
+    no tokens)."""
+    stream_s, compute_s = aiter_moe_parts_s(curve, num_tokens, experts, experts_per_token, expert_bytes,
+                                            flops_per_routed_token, hbm_bytes_s, peak_flops)
+    return (curve.floor_us * 1e-6 + roofline_join(stream_s, compute_s)) * (np.asarray(num_tokens) > 0)
 
 
 # vLLM's Triton int4 grouped GEMM for weight-only int4 experts on ROCm (`fused_moe_kernel_gptq_awq`, use_int4_w4a16)
@@ -261,10 +306,15 @@ def expected_expert_blocks(num_experts: int, experts_per_token: int, num_tokens:
         return touched
     if n.ndim == 0:
         return float(touched + num_experts * _extra_blocks(float(n), float(b), p))
-    # once per distinct (tokens, block) pair: a re-pricing prices the same steps many times
-    pairs, where = np.unique(np.stack([n.ravel(), b.ravel()]), axis=1, return_inverse=True)
-    extra = np.array([_extra_blocks(float(t), float(m), p) for t, m in pairs.T])
-    return touched + num_experts * extra[where.ravel()].reshape(n.shape)
+    # once per distinct (tokens, block) pair of the steps where an expert can need a second block (n > block_m; the
+    # rest add nothing): a re-pricing prices the same steps many times
+    flat_n, flat_b = n.ravel(), b.ravel()
+    big = flat_n > flat_b
+    extra = np.zeros(flat_n.shape)
+    if big.any():
+        pairs, where = np.unique(np.stack([flat_n[big], flat_b[big]]), axis=1, return_inverse=True)
+        extra[big] = np.array([_extra_blocks(float(t), float(m), p) for t, m in pairs.T])[where.ravel()]
+    return touched + num_experts * extra.reshape(n.shape)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -886,6 +936,18 @@ class StepCostModel:
         if GPT_OSS_ROCM_EXPERT_ROUNDING and gpu.is_rocm and model.model_type == "gpt_oss" and self.ep == 1:
             width = model.expert_intermediate_size / self.tp
             self._expert_pad = -(-width // GPT_OSS_ROCM_EXPERT_ROUNDING) * GPT_OSS_ROCM_EXPERT_ROUNDING / width
+        # AITER's fused MoE from its measured kernel curve (AITER_MOE_KERNEL_CURVE), per layer on this GPU: the local
+        # experts, routes per token, one expert's weight bytes and FLOPs per routed token at the width this GPU holds
+        self._aiter_moe = None
+        curve = moe_kernel_curve(gpu.architecture) if model.num_moe_layers else None
+        if AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None:
+            split = self.tp if self.ep == 1 else 1
+            curve = curve.for_dtype(gpu.compute_dtype(model.compute_weight_dtype))
+            self._aiter_moe = (curve, model.num_experts / self.ep, model.experts_per_token / self.ep,
+                               self._expert_pad * model.expert_weight_bytes / split,
+                               self._expert_pad * model.expert_flops_per_token
+                               / (model.num_moe_layers * model.experts_per_token * split),
+                               gpu.hbm_bandwidth_tb_s * 1e12, gpu.peak_tflops(model.compute_weight_dtype) * 1e12)
         self._lm_head_flops = 2.0 * model.params_lm_head
         self._dense_flops_per_token = model.dense_flops_per_token - self._lm_head_flops
         self.tables = AttentionTables(model, query_tile)
@@ -1039,23 +1101,34 @@ class StepCostModel:
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
             moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
             pad = self._expert_pad
-            if self._expert_curve is None:
+            if self._aiter_moe is not None:
+                # AITER's measured kernel per layer (aiter_moe_layer_s), the two sides scaled to the busiest GPU
+                # where experts are split (EP)
+                curve, local, k_local, expert_bytes, flops_rt, hbm, peak = self._aiter_moe
+                bytes_s, flops_s = aiter_moe_parts_s(curve, n_tok, local, k_local, expert_bytes, flops_rt, hbm, peak)
+                if self.ep > 1:
+                    flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
+                floor_s = m.num_moe_layers * curve.floor_us * 1e-6 * (n_tok > 0)
+                flops_s, bytes_s = m.num_moe_layers * flops_s, m.num_moe_layers * bytes_s
+            elif self._expert_curve is None:
                 flops_s = pad * m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
             else:
                 ceiling, extra = self._expert_curve
                 flops_s = (pad * m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
-            # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
-            # never faster than this GPU's own HBM
-            stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
-            # the weight panels the kernel works through: one per touched expert, or one per block of each expert's
-            # tokens where the kernel unpacks them per block (vLLM's Triton int4 MoE on ROCm, INT4_TRITON_BLOCK_M)
-            panels = experts
-            if self._int4_weight_per_block:
-                panels = expected_expert_blocks(m.num_experts, m.experts_per_token, self.routed_tokens(f),
-                                                int4_triton_block_m(n_tok))
-            bytes_s = pad * m.num_moe_layers * panels * m.expert_weight_bytes / (tp * stream)
-            if self.ep > 1:
-                flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
+            if self._aiter_moe is None:
+                # at a fraction of the bandwidth the expert efficiencies refer to (GpuProfile.expert_stream_bw_tb_s),
+                # never faster than this GPU's own HBM
+                stream = min(self._expert_bw * moe_stream, self.gpu.hbm_bandwidth_tb_s * 1e12) * eff["hbm"]
+                # the weight panels the kernel works through: one per touched expert, or one per block of each
+                # expert's tokens where the kernel unpacks them per block (vLLM's Triton int4 MoE on ROCm,
+                # INT4_TRITON_BLOCK_M)
+                panels = experts
+                if self._int4_weight_per_block:
+                    panels = expected_expert_blocks(m.num_experts, m.experts_per_token, self.routed_tokens(f),
+                                                    int4_triton_block_m(n_tok))
+                bytes_s = pad * m.num_moe_layers * panels * m.expert_weight_bytes / (tp * stream)
+                if self.ep > 1:
+                    flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             per_token = eff.get("moe_token_overhead_ns", 0.0)
             token_s = 0.0
             if per_token:
@@ -1067,8 +1140,11 @@ class StepCostModel:
                     routed = routed / self.ep
                 token_s = per_token * 1e-9 * routed
             compute_side = bool(MOE_TOKEN_COST_COMPUTE_SIDE and per_token)
-            before["moe_gemm"] = np.maximum(flops_s + token_s if compute_side else flops_s, bytes_s)
-            if self._expert_call_s:
+            if self._aiter_moe is None:
+                before["moe_gemm"] = np.maximum(flops_s + token_s if compute_side else flops_s, bytes_s)
+            else:
+                before["moe_gemm"] = floor_s + roofline_join(bytes_s, flops_s + token_s if compute_side else flops_s)
+            if self._expert_call_s and self._aiter_moe is None:
                 before["moe_gemm"] = before["moe_gemm"] + self._expert_call_s
             if per_token and not compute_side:
                 before["moe_gemm"] = before["moe_gemm"] + token_s

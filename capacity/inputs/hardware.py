@@ -474,6 +474,44 @@ def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
     return None
 
 
+MOE_KERNEL_CURVES_FILE = "moe_kernel_curves.yaml"
+
+
+@dataclass(frozen=True)
+class MoeKernelCurve:
+    """AITER's fused-MoE kernel time per MoE layer on one AMD architecture, fitted to AITER's own tuned kernel times
+    (capacity/data/moe_kernel_curves.yaml; scripts/fit_moe_kernel_curve.py): a floor, the touched experts' weights
+    streamed at `stream` of HBM peak, their FLOPs at `compute` of the activations' dtype peak times m / (m + m_half)
+    for m routed tokens per touched expert (capacity/cost/step_cost.py `aiter_moe_layer_s`). `compute_fp4`: the
+    same for MXFP4 activations, which reach a smaller fraction of their doubled peak (None: `compute`)."""
+    floor_us: float
+    stream: float
+    compute: float
+    m_half: float
+    compute_fp4: float | None = None
+
+    def for_dtype(self, compute_dtype: str) -> "MoeKernelCurve":
+        """This curve with the compute fraction of `compute_dtype` (a `peak_dense_tflops` key) as `compute`."""
+        if compute_dtype == "fp4" and self.compute_fp4 is not None:
+            return MoeKernelCurve(self.floor_us, self.stream, self.compute_fp4, self.m_half, self.compute_fp4)
+        return self
+
+
+@functools.lru_cache(maxsize=None)
+def moe_kernel_curve(architecture: str) -> MoeKernelCurve | None:
+    """The AITER fused-MoE curve of `architecture` (a profile's `architecture`, e.g. 'CDNA3 (gfx942)'), or None where
+    none was measured. A GPU takes its architecture's curve with its own datasheet peaks: family transfer."""
+    path = data_dir() / MOE_KERNEL_CURVES_FILE
+    if not path.exists():
+        return None
+    entry = (yaml.safe_load(path.read_text()) or {}).get(architecture)
+    if entry is None:
+        return None
+    fp4 = entry.get("compute_fp4")
+    return MoeKernelCurve(*(float(entry[k]["value"]) for k in ("floor_us", "stream", "compute", "m_half")),
+                          compute_fp4=None if fp4 is None else float(fp4["value"]))
+
+
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
     """Load a shipped profile by case-insensitive name ("mi300x", "H100 SXM") or any profile YAML by path."""
     text = os.fspath(name_or_path).strip()
