@@ -14,8 +14,9 @@ commits. Two comparisons (docs/seed_validation.md section 41):
    with the per-routed-token time off), the per-routed-token time per layer, against the kernel's time, on MI355X at
    TP1 / TP2 / TP4 and on MI325X at TP4 (MiniMax-M2.7, the same expert shapes).
 
-The step cost prices AITER's MoE from the architecture's kernel curve (step_cost.AITER_MOE_KERNEL_CURVE, fitted to
-these tables by scripts/fit_moe_kernel_curve.py); `--no-curve` shows the `gemm` x `moe` pricing it replaced.
+The step cost prices AITER's MoE from the architecture's kernel curve (fitted to these tables by
+scripts/fit_moe_kernel_curve.py) on the architectures in step_cost.AITER_MOE_KERNEL_CURVE; this script turns it on for
+both; `--no-curve` shows the `gemm` x `moe` pricing it replaces.
 """
 
 from __future__ import annotations
@@ -51,8 +52,7 @@ def moe_layer_us(gpu: str, model: str, precision: str, tp: int, tokens: int, per
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-curve", action="store_true", help="price AITER's MoE by `gemm` x `moe` (before section 41)")
-    if ap.parse_args().no_curve:
-        step_cost.AITER_MOE_KERNEL_CURVE = False
+    step_cost.AITER_MOE_KERNEL_CURVE = () if ap.parse_args().no_curve else ("CDNA3 (gfx942)", "CDNA4 (gfx950)")
     d = pd.read_csv(DATA)
     qwen = d[(d.checkpoint.str.startswith("Qwen3-235B")) & (d.inter_dim == 384)]
     fast = qwen[qwen.gpu == "MI355X"].set_index("tokens").kernel_us

@@ -87,6 +87,8 @@ def _constant(text: str, kind: type):
         if text.strip().lower() not in ("true", "false", "1", "0"):
             raise SystemExit(f"error: {text!r} is not a boolean; use True or False")
         return text.strip().lower() in ("true", "1")
+    if kind is tuple:   # names separated by '|', '()' for none (e.g. AITER_MOE_KERNEL_CURVE=CDNA3 (gfx942)|CDNA4 (gfx950))
+        return () if text.strip() in ("", "()") else tuple(x.strip() for x in text.split("|"))
     return kind(text)
 
 

@@ -86,7 +86,7 @@ def _moe_layer_us(gpu, precision, tp, tokens, backend="aiter"):
 @pytest.fixture
 def curve_on(monkeypatch):
     """The step cost's AITER MoE from the kernel curve, whatever the shipped switch says."""
-    monkeypatch.setattr(step_cost, "AITER_MOE_KERNEL_CURVE", True)
+    monkeypatch.setattr(step_cost, "AITER_MOE_KERNEL_CURVE", ("CDNA3 (gfx942)", "CDNA4 (gfx950)"))
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -125,6 +125,14 @@ def test_sibling_gpus_take_their_architectures_curve(curve_on):
 
 
 def test_the_curve_switch_restores_the_efficiency_pricing(monkeypatch):
-    """AITER_MOE_KERNEL_CURVE=False (the screening switch) prices AITER's MoE as vLLM's Triton MoE is priced."""
-    monkeypatch.setattr(step_cost, "AITER_MOE_KERNEL_CURVE", False)
+    """AITER_MOE_KERNEL_CURVE=() (the screening switch) prices AITER's MoE as vLLM's Triton MoE is priced."""
+    monkeypatch.setattr(step_cost, "AITER_MOE_KERNEL_CURVE", ())
     assert _moe_layer_us("MI355X", "fp8", 2, 8192) == pytest.approx(_moe_layer_us("MI355X", "fp8", 2, 8192, "triton"))
+
+
+def test_the_curve_prices_the_architectures_whose_profiles_were_fitted_with_it():
+    """As shipped: CDNA3 (MI300X's refit, MI325X by transfer) on the curve; MI355X keeps the pricing its fit was made
+    with (its per-routed-token time would double-count the kernel otherwise)."""
+    assert "CDNA3 (gfx942)" in step_cost.AITER_MOE_KERNEL_CURVE
+    on = StepCostModel(load_gpu("MI325X"), load_model("MiniMax-M2.5", weight_precision="fp8"), 4, moe_backend="aiter")
+    assert on._aiter_moe is not None

@@ -184,11 +184,13 @@ MOE_TOKEN_COST_SPLIT_BY_EP = False
 # token's row) that the weight stream of a bandwidth-bound step covers. A screening switch
 # (scripts/screen_cost_terms.py --variant "NAME=GPU;MOE_TOKEN_COST_COMPUTE_SIDE=True").
 MOE_TOKEN_COST_COMPUTE_SIDE = False
-# Whether a step on AITER's fused MoE (`engine.moe_backend: aiter`) prices its experts from the architecture's measured
-# kernel curve (capacity/data/moe_kernel_curves.yaml, `aiter_moe_layer_s`: nothing fitted to serving rows) instead of
-# `gemm` x `moe` and `moe` x `hbm`. A screening switch (scripts/screen_cost_terms.py
-# --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=False"); docs/seed_validation.md section 41.
-AITER_MOE_KERNEL_CURVE = False
+# The architectures (GpuProfile.architecture) on which a step on AITER's fused MoE (`engine.moe_backend: aiter`) prices
+# its experts from the measured kernel curve (capacity/data/moe_kernel_curves.yaml, `aiter_moe_layer_s`: nothing fitted
+# to serving rows) instead of `gemm` x `moe` and `moe` x `hbm`: those whose shipped profiles were fitted with it
+# (MI300X, and MI325X by family transfer; MI355X's fit predates it). A screening switch (scripts/screen_cost_terms.py
+# --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=()", or "...=CDNA3 (gfx942)|CDNA4 (gfx950)"); docs/seed_validation.md
+# section 41.
+AITER_MOE_KERNEL_CURVE: tuple[str, ...] = ("CDNA3 (gfx942)",)
 # Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
 # vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
 # gpt_oss on ROCm, intermediate_size_per_partition_after_pad = round_up(intermediate_size_per_partition, 256), so
@@ -940,7 +942,7 @@ class StepCostModel:
         # experts, routes per token, one expert's weight bytes and FLOPs per routed token at the width this GPU holds
         self._aiter_moe = None
         curve = moe_kernel_curve(gpu.architecture) if model.num_moe_layers else None
-        if AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None:
+        if gpu.architecture in AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None:
             split = self.tp if self.ep == 1 else 1
             curve = curve.for_dtype(gpu.compute_dtype(model.compute_weight_dtype))
             self._aiter_moe = (curve, model.num_experts / self.ep, model.experts_per_token / self.ep,
