@@ -217,11 +217,11 @@ class StepTime:
         return StepTime({k: self.parts_s.get(k, 0.0) + other.parts_s.get(k, 0.0) for k in keys})
 
 
-def expected_distinct_experts(num_experts: int, experts_per_token: int,
+def expected_distinct_experts(num_experts, experts_per_token,
                               num_tokens: np.ndarray | float) -> np.ndarray | float:
     """Expected number of distinct experts a layer touches for `num_tokens` routed tokens
-    (scalar or array). Uniform routing: E · (1 − (1 − k/E)^n) (modelling_notes §3.1, [S21][S22])."""
-    if num_experts <= 0:
+    (scalar or array; E and k may be arrays too). Uniform routing: E · (1 − (1 − k/E)^n) (modelling_notes §3.1, [S21][S22])."""
+    if np.ndim(num_experts) == 0 and num_experts <= 0:
         return np.zeros_like(num_tokens, dtype=float)
     n = np.maximum(num_tokens, 0.0)
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** n)
@@ -249,7 +249,7 @@ def aiter_moe_parts_s(curve: "MoeKernelCurve", num_tokens, experts, experts_per_
     expert's tokens into blocks of its tile height (aiter/fused_moe.py `moe_sorting`), so few tokens per expert waste
     most of each tile (scripts/fit_moe_kernel_curve.py fits the four numbers to AITER's tuned kernel times)."""
     n = np.maximum(num_tokens, 0.0)
-    touched = np.maximum(experts * (1.0 - (1.0 - experts_per_token / experts) ** n), 1e-12)   # expected_distinct_experts
+    touched = np.maximum(expected_distinct_experts(experts, experts_per_token, n), 1e-12)
     routed = n * experts_per_token
     per_expert = routed / touched
     stream_s = touched * expert_bytes / (hbm_bytes_s * curve.stream)
