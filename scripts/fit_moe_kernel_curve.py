@@ -42,6 +42,11 @@ WEIGHT_BYTES = {"float8_e4m3fn": 1.0, "float8_e4m3fnuz": 1.0, "bfloat16": 2.0, "
 COMPUTE_DTYPE = {"float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "bfloat16": "bf16", "float4_e2m1fn_x2": "fp4"}
 
 
+def kernel_formats(d: pd.DataFrame) -> list[str]:
+    """The "WEIGHTS x ACTIVATIONS" pairings the rows time (MoeKernelCurve.formats)."""
+    return sorted({f"{COMPUTE_DTYPE[w]} x {COMPUTE_DTYPE[a]}" for w, a in zip(d.weight_dtype, d.activation_dtype)})
+
+
 def rows() -> pd.DataFrame:
     d = pd.read_csv(DATA)
     d["peak_flops"] = [load_gpu(g).peak_dense_tflops[COMPUTE_DTYPE[a]] * 1e12 for g, a in zip(d.gpu, d.activation_dtype)]
@@ -117,6 +122,9 @@ def main() -> None:
             "m_half": {"value": round(curve.m_half, 1), "unit": "routed tokens per touched expert",
                        "meaning": "tokens per expert at which the rate is half `compute` (tile padding at small M)"},
             "basis": "microbenchmark fit", "source": source, "fit": fit_note,
+            "formats": {"value": kernel_formats(x), "unit": "weights x activations",
+                        "meaning": "the kernels timed; another pairing (e.g. MXFP4 weights with bf16 or FP8 activations) "
+                                   "runs another kernel, which the curve does not price"},
         }
         if curve.compute_fp4 is not None:
             doc[name]["compute_fp4"] = {"value": round(curve.compute_fp4, 4), "unit": "fraction of the fp4 dense peak",

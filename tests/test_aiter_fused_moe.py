@@ -11,7 +11,7 @@ import pytest
 
 from capacity.cost import step_cost
 from capacity.cost.step_cost import StepCostModel
-from capacity.inputs.hardware import load_gpu, moe_kernel_curve
+from capacity.inputs.hardware import load_gpu, moe_kernel_curve, weight_format
 from capacity.inputs.models import load_model
 from capacity.paths import data_dir
 
@@ -136,3 +136,37 @@ def test_the_curve_prices_the_architectures_whose_profiles_were_fitted_with_it()
     assert "CDNA3 (gfx942)" in step_cost.AITER_MOE_KERNEL_CURVE
     on = StepCostModel(load_gpu("MI325X"), load_model("MiniMax-M2.5", weight_precision="fp8"), 4, moe_backend="aiter")
     assert on._aiter_moe is not None
+
+
+def test_the_curve_names_the_kernels_its_rows_time(rows):
+    """Each architecture's curve lists the weight x activation pairings of its rows in aiter_fused_moe.csv, and no
+    other: CDNA4's tables time a4w4 MXFP4 (no a16w4 or a8w4 kernel), FP8 block-scaled and bf16; CDNA3's FP8 and bf16."""
+    for arch, name in (("gfx950", "CDNA4 (gfx950)"), ("gfx942", "CDNA3 (gfx942)")):
+        x = rows[rows.arch == arch]
+        timed = {f"{COMPUTE_DTYPE[w]} x {COMPUTE_DTYPE[a]}" for w, a in zip(x.weight_dtype, x.activation_dtype)}
+        assert set(moe_kernel_curve(name).formats) == timed
+    assert "fp4 x fp4" in moe_kernel_curve("CDNA4 (gfx950)").formats
+    assert not {"fp4 x bf16", "fp4 x fp8"} & set(moe_kernel_curve("CDNA4 (gfx950)").formats)
+
+
+@pytest.mark.parametrize("dtype, stored, computed", [
+    ("bf16", "bf16", "bf16"), ("fp8", "fp8", "fp8"), ("mxfp4_w4a4", "fp4", "fp4"),
+    ("mxfp4", "fp4", "bf16"), ("mxfp4_w4a8", "fp4", "fp8"), ("int4", "int4", "bf16"), ("w8a16", "int8", "bf16")])
+def test_a_checkpoints_kernel_is_its_weights_and_its_activations(dtype, stored, computed):
+    """The kernel a MoE runs is named by the weights' storage and the activations' dtype: vLLM's MXFP4 gpt-oss path
+    keeps bf16 activations (w4a16) or quantizes them to FP8 (Quark's w4a8), AMD's Quark MXFP4 checkpoints to MXFP4
+    (w4a4); int4 and w8a16 are weight-only (GpuProfile.compute_dtype's rule, serve_recipes.yaml's precisions)."""
+    assert weight_format(dtype) == stored
+    assert load_gpu("MI355X").compute_dtype(dtype) == computed
+
+
+def test_an_untimed_pairing_keeps_the_efficiency_pricing(curve_on):
+    """gpt-oss-120b's MXFP4 experts with bf16 (a16w4) or FP8 (a8w4) activations on MI355X run kernels AITER's tables do
+    not time, so the curve does not price them; MiniMax-M2.5's a4w4 MXFP4 and FP8 checkpoints it does."""
+    gpu = load_gpu("MI355X")
+    for precision, on_curve in (("mxfp4", False), ("mxfp4_w4a8", False), ("mxfp4_w4a4", True)):
+        cost = StepCostModel(gpu, load_model("gpt-oss-120b", weight_precision=precision), 1, moe_backend="aiter")
+        assert (cost._aiter_moe is not None) == on_curve, precision
+    for precision in ("mxfp4_w4a4", "fp8"):
+        cost = StepCostModel(gpu, load_model("MiniMax-M2.5", weight_precision=precision), 2, moe_backend="aiter")
+        assert cost._aiter_moe is not None, precision

@@ -136,7 +136,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce, moe_kernel_curve
+from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce, moe_kernel_curve, weight_format
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile, MeasuredAllreduce, MoeKernelCurve
@@ -191,6 +191,11 @@ MOE_TOKEN_COST_COMPUTE_SIDE = False
 # --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=()", or "...=CDNA3 (gfx942)|CDNA4 (gfx950)"); docs/seed_validation.md
 # section 41.
 AITER_MOE_KERNEL_CURVE: tuple[str, ...] = ("CDNA3 (gfx942)",)
+# Whether the curve prices only the kernels AITER's tables timed (`MoeKernelCurve.formats`, e.g. "fp8 x fp8"): MXFP4
+# experts with bf16 or FP8 activations (gpt-oss on vLLM's a16w4 / a8w4 paths) run other kernels than the a4w4 ones
+# timed, and are priced by `gemm` x `moe` and `moe` x `hbm` instead. False prices every AITER MoE by the curve (a
+# screening switch, docs/seed_validation.md section 43).
+AITER_MOE_CURVE_MEASURED_FORMATS_ONLY = True
 # Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
 # vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
 # gpt_oss on ROCm, intermediate_size_per_partition_after_pad = round_up(intermediate_size_per_partition, 256), so
@@ -942,9 +947,12 @@ class StepCostModel:
         # experts, routes per token, one expert's weight bytes and FLOPs per routed token at the width this GPU holds
         self._aiter_moe = None
         curve = moe_kernel_curve(gpu.architecture) if model.num_moe_layers else None
-        if gpu.architecture in AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None:
+        compute = gpu.compute_dtype(model.compute_weight_dtype)
+        kernel_format = f"{weight_format(model.compute_weight_dtype)} x {compute}"
+        if (gpu.architecture in AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None
+                and (curve.measures(kernel_format) or not AITER_MOE_CURVE_MEASURED_FORMATS_ONLY)):
             split = self.tp if self.ep == 1 else 1
-            curve = curve.for_dtype(gpu.compute_dtype(model.compute_weight_dtype))
+            curve = curve.for_dtype(compute)
             self._aiter_moe = (curve, model.num_experts / self.ep, model.experts_per_token / self.ep,
                                self._expert_pad * model.expert_weight_bytes / split,
                                self._expert_pad * model.expert_flops_per_token

@@ -20,6 +20,7 @@ import functools
 import datetime as _dt
 import math
 import os
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -175,6 +176,25 @@ _DTYPE_FAMILY = {
 }
 
 _INT4_DTYPES = ("int4", "uint4", "w4a16", "awq", "gptq")
+# Weight dtype spellings whose stored weights are not their family's: 4-bit weights under 8-bit activations, 8-bit
+# integer weights served weight-only.
+_WEIGHT_FORMAT = {**dict.fromkeys(("w4a8", "mxfp4_w4a8"), "fp4"), "w8a16": "int8"}
+_FAMILY_WEIGHT_FORMAT = {"16bit": "bf16", "fp8": "fp8", "int8": "int8", "fp6": "fp6", "fp4": "fp4"}
+
+
+def weight_format(weight_dtype: str) -> str:
+    """How weights of `weight_dtype` are stored, whatever the GEMM computes in: bf16, fp8, int8, fp6, fp4 or int4
+    (mxfp4, nvfp4 and their w4a4 / w4a8 forms are fp4; AWQ / GPTQ / w4a16 int4). With `GpuProfile.compute_dtype` it
+    names a kernel, e.g. "fp4 x bf16" for MXFP4 experts with bf16 activations."""
+    key = _normalise_dtype(weight_dtype)
+    if key in _WEIGHT_FORMAT:
+        return _WEIGHT_FORMAT[key]
+    family = _DTYPE_FAMILY.get(key)
+    if family is None:
+        raise CapacityError(f"unknown weight dtype '{weight_dtype}'; use one of: {', '.join(sorted(_DTYPE_FAMILY))}")
+    if family == "weight_only":
+        return "int4" if key in _INT4_DTYPES else "fp4"
+    return _FAMILY_WEIGHT_FORMAT[family]
 
 
 @dataclass(frozen=True)
@@ -483,17 +503,25 @@ class MoeKernelCurve:
     (capacity/data/moe_kernel_curves.yaml; scripts/fit_moe_kernel_curve.py): a floor, the touched experts' weights
     streamed at `stream` of HBM peak, their FLOPs at `compute` of the activations' dtype peak times m / (m + m_half)
     for m routed tokens per touched expert (capacity/cost/step_cost.py `aiter_moe_layer_s`). `compute_fp4`: the
-    same for MXFP4 activations, which reach a smaller fraction of their doubled peak (None: `compute`)."""
+    same for MXFP4 activations, which reach a smaller fraction of their doubled peak (None: `compute`). `formats`: the
+    kernels AITER's tables timed, as "WEIGHTS x ACTIVATIONS" storage formats (`weight_format` x `compute_dtype`,
+    e.g. "fp8 x fp8"); another pairing (MXFP4 weights with bf16 or FP8 activations) runs another kernel, which the
+    curve does not price (empty: every pairing)."""
     floor_us: float
     stream: float
     compute: float
     m_half: float
     compute_fp4: float | None = None
+    formats: tuple[str, ...] = ()
+
+    def measures(self, kernel_format: str) -> bool:
+        """Whether AITER's tables timed the kernel of this "WEIGHTS x ACTIVATIONS" pairing (`formats`)."""
+        return not self.formats or kernel_format in self.formats
 
     def for_dtype(self, compute_dtype: str) -> "MoeKernelCurve":
         """This curve with the compute fraction of `compute_dtype` (a `peak_dense_tflops` key) as `compute`."""
         if compute_dtype == "fp4" and self.compute_fp4 is not None:
-            return MoeKernelCurve(self.floor_us, self.stream, self.compute_fp4, self.m_half, self.compute_fp4)
+            return dataclasses.replace(self, compute=self.compute_fp4)
         return self
 
 
@@ -509,7 +537,8 @@ def moe_kernel_curve(architecture: str) -> MoeKernelCurve | None:
         return None
     fp4 = entry.get("compute_fp4")
     return MoeKernelCurve(*(float(entry[k]["value"]) for k in ("floor_us", "stream", "compute", "m_half")),
-                          compute_fp4=None if fp4 is None else float(fp4["value"]))
+                          compute_fp4=None if fp4 is None else float(fp4["value"]),
+                          formats=tuple(entry.get("formats", {}).get("value", ())))
 
 
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
