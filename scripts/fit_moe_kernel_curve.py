@@ -12,8 +12,9 @@ join: the smooth maximum (s^4 + c^4)^(1/4) (step_cost.ROOFLINE_JOIN_EXPONENT)
 
 with m the routed tokens per touched expert (a grouped GEMM's M per expert; AITER pads each expert's tokens to its
 block, so small m wastes the tile), the touched experts E (1 - (1 - k/E)^n) for n tokens of top-k routing, the
-GPU's datasheet peaks (hw_profiles). Four numbers per architecture (floor µs, stream, compute, m_half; a fifth,
-compute_fp4, where MXFP4 rows exist), least squares
+GPU's datasheet peaks (hw_profiles). Four numbers per architecture (floor µs, stream, compute, m_half), and one compute
+fraction more for each kernel pairing other than bf16 x bf16 and FP8 x FP8 (MXFP4 weights under MXFP4, bf16 or FP8
+activations: `compute_by_format`), least squares
 on log time over every row of that architecture, whatever its dtype (bf16, FP8, MXFP4) or width. Also printed: each
 checkpoint's rows predicted by a fit without them (leave one checkpoint out), and each architecture's rows predicted by
 the other architecture's curve with their own GPU's peaks (the generation transfer). `--write` rewrites
@@ -42,9 +43,18 @@ WEIGHT_BYTES = {"float8_e4m3fn": 1.0, "float8_e4m3fnuz": 1.0, "bfloat16": 2.0, "
 COMPUTE_DTYPE = {"float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "bfloat16": "bf16", "float4_e2m1fn_x2": "fp4"}
 
 
+# pairings whose kernels share the curve's `compute`; every other pairing timed gets its own fraction
+SHARED_COMPUTE = ("bf16 x bf16", "fp8 x fp8")
+
+
+def kernel_format(d: pd.DataFrame) -> pd.Series:
+    """Each row's kernel as "WEIGHTS x ACTIVATIONS" (MoeKernelCurve.formats)."""
+    return d.weight_dtype.map(COMPUTE_DTYPE) + " x " + d.activation_dtype.map(COMPUTE_DTYPE)
+
+
 def kernel_formats(d: pd.DataFrame) -> list[str]:
     """The "WEIGHTS x ACTIVATIONS" pairings the rows time (MoeKernelCurve.formats)."""
-    return sorted({f"{COMPUTE_DTYPE[w]} x {COMPUTE_DTYPE[a]}" for w, a in zip(d.weight_dtype, d.activation_dtype)})
+    return sorted(set(kernel_format(d)))
 
 
 def rows() -> pd.DataFrame:
@@ -53,15 +63,16 @@ def rows() -> pd.DataFrame:
     d["hbm_bytes_s"] = [load_gpu(g).hbm_bandwidth_tb_s * 1e12 for g in d.gpu]
     d["expert_bytes"] = 3.0 * d.model_dim * d.inter_dim * d.weight_dtype.map(WEIGHT_BYTES)
     d["flops_per_routed_token"] = 6.0 * d.model_dim * d.inter_dim
+    d["kernel"] = kernel_format(d)
     return d
 
 
 def predict(curve: MoeKernelCurve, d: pd.DataFrame) -> np.ndarray:
     out = np.empty(len(d))
-    for dtype in d.activation_dtype.unique():
-        rows_ = (d.activation_dtype == dtype).to_numpy()
+    for kernel in d.kernel.unique():
+        rows_ = (d.kernel == kernel).to_numpy()
         x = d[rows_]
-        out[rows_] = aiter_moe_layer_s(curve.for_dtype(COMPUTE_DTYPE[dtype]), x.tokens.to_numpy(float),
+        out[rows_] = aiter_moe_layer_s(curve.for_kernel(kernel), x.tokens.to_numpy(float),
                                        x.experts.to_numpy(float), x.topk.to_numpy(float), x.expert_bytes.to_numpy(float),
                                        x.flops_per_routed_token.to_numpy(float), x.hbm_bytes_s.to_numpy(float),
                                        x.peak_flops.to_numpy(float)) * 1e6
@@ -69,15 +80,15 @@ def predict(curve: MoeKernelCurve, d: pd.DataFrame) -> np.ndarray:
 
 
 def fit(d: pd.DataFrame) -> MoeKernelCurve:
-    """Least squares on log time; a fifth number, `compute_fp4`, where the rows have MXFP4 activations."""
-    fp4 = bool((d.activation_dtype.map(COMPUTE_DTYPE) == "fp4").any())
+    """Least squares on log time: four numbers, and one compute fraction more per pairing outside SHARED_COMPUTE."""
+    own = [k for k in kernel_formats(d) if k not in SHARED_COMPUTE]
+    formats = tuple(kernel_formats(d))
     def curve(p):
-        return MoeKernelCurve(*p[:4], compute_fp4=p[4] if fp4 else None)
+        return MoeKernelCurve(*p[:4], formats=formats, compute_by_format=tuple(zip(own, p[4:])))
     def residual(p):
         return np.log(predict(curve(p), d)) - np.log(d.kernel_us.to_numpy(float))
-    start, lo, hi = [20.0, 0.6, 0.3, 30.0, 0.3], [0, 0.05, 0.01, 0, 0.01], [200, 1.0, 1.0, 2000, 1.0]
-    n = 5 if fp4 else 4
-    p = least_squares(residual, start[:n], bounds=(lo[:n], hi[:n])).x
+    start, lo, hi = [20.0, 0.6, 0.3, 30.0], [0, 0.05, 0.01, 0], [200, 1.0, 1.0, 2000]
+    p = least_squares(residual, start + [0.3] * len(own), bounds=(lo + [0.01] * len(own), hi + [1.0] * len(own))).x
     return curve([float(v) for v in p])
 
 
@@ -96,8 +107,8 @@ def main() -> None:
         x = d[d.arch == arch]
         curve = fit(x)
         med, p90 = errors(curve, x)
-        fp4 = "" if curve.compute_fp4 is None else f" (MXFP4 {curve.compute_fp4:.3f})"
-        print(f"{name}: floor {curve.floor_us:.1f} µs, stream {curve.stream:.3f}, compute {curve.compute:.3f}{fp4}, "
+        own = "".join(f", {k} {v:.3f}" for k, v in curve.compute_by_format)
+        print(f"{name}: floor {curve.floor_us:.1f} µs, stream {curve.stream:.3f}, compute {curve.compute:.3f}{own}, "
               f"m_half {curve.m_half:.1f}; {len(x)} rows, median / p90 |error| {med:.1f} / {p90:.1f} %")
         held = []
         for ck in sorted(x.checkpoint.unique()):
@@ -105,8 +116,10 @@ def main() -> None:
             if rest.checkpoint.nunique() < 2:
                 continue
             m, p = errors(fit(rest), out)
-            held.append(f"{ck} {m:.1f} / {p:.1f}")
-            print(f"  {ck} left out: median / p90 |error| {m:.1f} / {p:.1f} %")
+            # a kernel pairing no other checkpoint runs is priced at the shared `compute` in its fold
+            alone = "" if set(out.kernel) - set(rest.kernel) <= set(SHARED_COMPUTE) else " (its kernel's own fraction unfitted)"
+            held.append(f"{ck} {m:.1f} / {p:.1f}{alone}")
+            print(f"  {ck} left out: median / p90 |error| {m:.1f} / {p:.1f} %{alone}")
         source = (f"fitted by scripts/fit_moe_kernel_curve.py to AITER's tuned fused-MoE kernel times "
                   f"(capacity/data/measurements/aiter_fused_moe.csv, {len(x)} rows: "
                   + ", ".join(sorted(x.checkpoint.unique())) + ")")
@@ -123,12 +136,18 @@ def main() -> None:
                        "meaning": "tokens per expert at which the rate is half `compute` (tile padding at small M)"},
             "basis": "microbenchmark fit", "source": source, "fit": fit_note,
             "formats": {"value": kernel_formats(x), "unit": "weights x activations",
-                        "meaning": "the kernels timed; another pairing (e.g. MXFP4 weights with bf16 or FP8 activations) "
-                                   "runs another kernel, which the curve does not price"},
+                        "meaning": "the kernels timed; another pairing (e.g. int4 weights with bf16 activations) runs "
+                                   "another kernel, which the curve does not price"},
         }
-        if curve.compute_fp4 is not None:
-            doc[name]["compute_fp4"] = {"value": round(curve.compute_fp4, 4), "unit": "fraction of the fp4 dense peak",
-                                        "meaning": "`compute` for MXFP4 activations (w4a4)"}
+        if curve.compute_by_format:
+            doc[name]["compute_by_format"] = {
+                "value": {k: round(v, 4) for k, v in curve.compute_by_format},
+                "unit": "fraction of the activations' dtype dense peak",
+                "meaning": "`compute` of a kernel other than the bf16 / FP8 ones (MXFP4 weights under MXFP4, bf16 or FP8 "
+                           "activations), fitted with the rest"}
+        for kernel in kernel_formats(x):
+            print(f"  {kernel}: {(x.kernel == kernel).sum()} rows, median / p90 |error| "
+                  + " / ".join(f"{v:.1f}" for v in errors(curve, x[x.kernel == kernel])) + " %")
     curves = {arch: fit(d[d.arch == arch]) for arch in ARCHS}
     for arch, other in (("gfx950", "gfx942"), ("gfx942", "gfx950")):
         med, p90 = errors(curves[arch], d[d.arch == other])

@@ -952,7 +952,7 @@ class StepCostModel:
         if (gpu.architecture in AITER_MOE_KERNEL_CURVE and self.moe_backend == "aiter" and curve is not None
                 and (curve.measures(kernel_format) or not AITER_MOE_CURVE_MEASURED_FORMATS_ONLY)):
             split = self.tp if self.ep == 1 else 1
-            curve = curve.for_dtype(compute)
+            curve = curve.for_kernel(kernel_format)
             self._aiter_moe = (curve, model.num_experts / self.ep, model.experts_per_token / self.ep,
                                self._expert_pad * model.expert_weight_bytes / split,
                                self._expert_pad * model.expert_flops_per_token

@@ -502,27 +502,26 @@ class MoeKernelCurve:
     """AITER's fused-MoE kernel time per MoE layer on one AMD architecture, fitted to AITER's own tuned kernel times
     (capacity/data/moe_kernel_curves.yaml; scripts/fit_moe_kernel_curve.py): a floor, the touched experts' weights
     streamed at `stream` of HBM peak, their FLOPs at `compute` of the activations' dtype peak times m / (m + m_half)
-    for m routed tokens per touched expert (capacity/cost/step_cost.py `aiter_moe_layer_s`). `compute_fp4`: the
-    same for MXFP4 activations, which reach a smaller fraction of their doubled peak (None: `compute`). `formats`: the
-    kernels AITER's tables timed, as "WEIGHTS x ACTIVATIONS" storage formats (`weight_format` x `compute_dtype`,
-    e.g. "fp8 x fp8"); another pairing (MXFP4 weights with bf16 or FP8 activations) runs another kernel, which the
-    curve does not price (empty: every pairing)."""
+    for m routed tokens per touched expert (capacity/cost/step_cost.py `aiter_moe_layer_s`). `formats`: the kernels
+    AITER's tables timed, as "WEIGHTS x ACTIVATIONS" storage formats (`weight_format` x `compute_dtype`, e.g.
+    "fp8 x fp8"); another pairing runs another kernel, which the curve does not price (empty: every pairing).
+    `compute_by_format`: a pairing's own compute fraction where its kernel is not the bf16 / FP8 one `compute` was
+    fitted on (MXFP4 weights under MXFP4, bf16 or FP8 activations: other kernels, other tiles)."""
     floor_us: float
     stream: float
     compute: float
     m_half: float
-    compute_fp4: float | None = None
     formats: tuple[str, ...] = ()
+    compute_by_format: tuple[tuple[str, float], ...] = ()
 
     def measures(self, kernel_format: str) -> bool:
         """Whether AITER's tables timed the kernel of this "WEIGHTS x ACTIVATIONS" pairing (`formats`)."""
         return not self.formats or kernel_format in self.formats
 
-    def for_dtype(self, compute_dtype: str) -> "MoeKernelCurve":
-        """This curve with the compute fraction of `compute_dtype` (a `peak_dense_tflops` key) as `compute`."""
-        if compute_dtype == "fp4" and self.compute_fp4 is not None:
-            return dataclasses.replace(self, compute=self.compute_fp4)
-        return self
+    def for_kernel(self, kernel_format: str) -> "MoeKernelCurve":
+        """This curve with the compute fraction of the "WEIGHTS x ACTIVATIONS" pairing's kernel as `compute`."""
+        own = dict(self.compute_by_format).get(kernel_format)
+        return self if own is None else dataclasses.replace(self, compute=own)
 
 
 @functools.lru_cache(maxsize=None)
@@ -535,10 +534,10 @@ def moe_kernel_curve(architecture: str) -> MoeKernelCurve | None:
     entry = (yaml.safe_load(path.read_text()) or {}).get(architecture)
     if entry is None:
         return None
-    fp4 = entry.get("compute_fp4")
+    own = (entry.get("compute_by_format") or {}).get("value") or {}
     return MoeKernelCurve(*(float(entry[k]["value"]) for k in ("floor_us", "stream", "compute", "m_half")),
-                          compute_fp4=None if fp4 is None else float(fp4["value"]),
-                          formats=tuple(entry.get("formats", {}).get("value", ())))
+                          formats=tuple(entry.get("formats", {}).get("value", ())),
+                          compute_by_format=tuple((k, float(v)) for k, v in sorted(own.items())))
 
 
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
