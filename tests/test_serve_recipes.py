@@ -284,3 +284,31 @@ def test_seed_targets_run_aiters_fused_moe_where_their_command_sets_aiter_and_ai
     assert moe_backend({"target": "MiniMaxAI/MiniMax-M3-MXFP8"}) == "aiter"
     assert moe_backend({"target": "moonshotai/Kimi-K2.5"}) == "auto"
     assert moe_backend({"target": "google/gemma-4-26B-A4B-it"}) == "auto"
+
+
+def _minimax_mi355x_async(isl: int, tp: int, conc: int) -> bool:
+    """Async scheduling as benchmarks/single_node/minimaxm2.5_fp8_mi355x.sh at 44a04843b1c0 sets it (lines 33-60, its
+    branches transcribed): --no-async-scheduling at 1k/1k TP8/EP8 and CONC <= 128, at 8k/1k TP8/EP8 and CONC <= 64."""
+    if isl == 1024:
+        return not (tp == 8 or conc <= 128)
+    if isl == 8192:
+        return not (tp == 8 or conc <= 64)
+    return True
+
+
+def test_minimax_mi355x_v019_runs_async_where_its_script_does(rows):
+    """Each MI355X MiniMax-M2.5 FP8 row of vLLM v0.19.0 is simulated with async scheduling on or off as its script's
+    branches say; the v0.18.0 series (whose script passes no such flag) keeps vLLM's default, on."""
+    num = lambda r, c: int(float(r[c]))
+    mm = rows[(rows.gpu == "MI355X") & (rows.model == "MiniMax-M2.5") & (rows.precision == "fp8")]
+    v19 = mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.19.0"].to_dict("records")
+    assert len(v19) >= 30
+    states = set()
+    for r in v19:
+        want = _minimax_mi355x_async(num(r, "isl"), num(r, "tp"), num(r, "concurrency_or_qps"))
+        got = row_scenario(r)[0].get("engine", {}).get("async_scheduling", True)
+        assert got is want, (r["isl"], r["tp"], r["concurrency_or_qps"])
+        states.add(want)
+    assert states == {True, False}
+    for r in mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.18.0"].to_dict("records"):
+        assert row_scenario(r)[0].get("engine", {}).get("async_scheduling", True) is True
