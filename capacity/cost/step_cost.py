@@ -191,10 +191,11 @@ MOE_TOKEN_COST_COMPUTE_SIDE = False
 # --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=()", or "...=CDNA3 (gfx942)|CDNA4 (gfx950)"); docs/seed_validation.md
 # section 41.
 AITER_MOE_KERNEL_CURVE: tuple[str, ...] = ("CDNA3 (gfx942)",)
-# Whether the curve prices only the kernels AITER's tables timed (`MoeKernelCurve.formats`, e.g. "fp8 x fp8"): MXFP4
-# experts with bf16 or FP8 activations (gpt-oss on vLLM's a16w4 / a8w4 paths) run other kernels than the a4w4 ones
-# timed, and are priced by `gemm` x `moe` and `moe` x `hbm` instead. False prices every AITER MoE by the curve (a
-# screening switch, docs/seed_validation.md section 43).
+# Whether the curve prices only the kernels AITER's tables timed (`MoeKernelCurve.formats`, e.g. "fp8 x fp8"): another
+# pairing (int4 experts; MXFP4 experts under bf16 or FP8 activations on CDNA3, whose tables time bf16 and FP8 only) runs
+# a kernel the curve knows nothing of, and is priced by `gemm` x `moe` and `moe` x `hbm` instead. False prices every
+# AITER MoE by the curve, an untimed pairing at the bf16 / FP8 kernels' `compute` (a screening switch;
+# docs/seed_validation.md section 43: that is what put MI355X's `hbm` on its bound in section 42).
 AITER_MOE_CURVE_MEASURED_FORMATS_ONLY = True
 # Multiple that vLLM rounds gpt-oss's expert width per tensor-parallel rank up to on ROCm (0: no rounding priced).
 # vllm/model_executor/layers/quantization/quark/quark_moe.py `QuarkOCP_MX_MoEMethod.create_weights`: for model_type
