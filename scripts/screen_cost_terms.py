@@ -34,15 +34,18 @@ from capacity.fidelity import calibrate as cal
 from capacity.fidelity.serving import default_files
 from capacity.inputs.hardware import load_gpu, save_profile
 from capacity.measurements import readers
+from capacity.paths import data_dir
 
 METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
 
 
 def records(gpu: str, cache: Path, workers: int, max_rows: int | None) -> list[cal.RecordedRow]:
-    """The GPU's fit rows simulated once on its shipped profile (cached by the code's and data's state)."""
+    """The GPU's fit rows simulated once on its shipped profile, cached under a key of the rows, the profile's values
+    and the serve recipes that set the rows' scenarios (not of the simulator's code: clear the cache after changing it)."""
     profile = load_gpu(gpu)
     _, rows, _ = cal._read_rows(default_files(), profile, gpu, readers.Overrides(gpu=profile.name), max_rows)
-    key = hashlib.sha256(json.dumps([gpu, max_rows, len(rows), sorted(profile.efficiency.items())],
+    recipes = (data_dir() / "measurements" / "serve_recipes.yaml").read_text()
+    key = hashlib.sha256(json.dumps([gpu, max_rows, len(rows), sorted(profile.efficiency.items()), recipes],
                                     default=str).encode()).hexdigest()[:12]
     path = cache / f"records_{profile.name}_{key}.pkl"
     if path.exists():
