@@ -20,8 +20,7 @@ import functools
 import datetime as _dt
 import math
 import os
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -521,7 +520,7 @@ class MoeKernelCurve:
     def for_kernel(self, kernel_format: str) -> "MoeKernelCurve":
         """This curve with the compute fraction of the "WEIGHTS x ACTIVATIONS" pairing's kernel as `compute`."""
         own = dict(self.compute_by_format).get(kernel_format)
-        return self if own is None else dataclasses.replace(self, compute=own)
+        return self if own is None else replace(self, compute=own)
 
 
 @functools.lru_cache(maxsize=None)
