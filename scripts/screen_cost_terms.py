@@ -96,7 +96,7 @@ def _constant(text: str, kind: type):
 
 
 def screen(recs, profile_ref: str, prior_weight, hold: tuple[str, ...] = (), fit_also: tuple[str, ...] = (),
-           out: str | None = None, cross_validate: bool = True) -> dict:
+           out: str | None = None, cross_validate: bool = True, rows_csv: str | None = None) -> dict:
     """The variant `PROFILE[;ATTR=VALUE...]`: a profile, and module constants of capacity.cost.step_cost
     set for it (e.g. VERIFY_ROUTING_EXPONENT=0.7), restored afterwards; `eff.KEY=V` adds an efficiency
     entry the profile lacks (e.g. eff.kv_read=0.6), held at V. `hold` and `fit_also` as `capacity calibrate --hold`
@@ -111,14 +111,16 @@ def screen(recs, profile_ref: str, prior_weight, hold: tuple[str, ...] = (), fit
                 continue
             saved[attr] = getattr(step_cost, attr)
             setattr(step_cost, attr, _constant(value, type(saved[attr])))
-        return _screen(recs, profile_ref, prior_weight, extra, hold, fit_also, out, cross_validate) | {"constants": sets}
+        return _screen(recs, profile_ref, prior_weight, extra, hold, fit_also, out, cross_validate,
+                       rows_csv) | {"constants": sets}
     finally:
         for attr, value in saved.items():
             setattr(step_cost, attr, value)
 
 
 def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None = None, hold: tuple[str, ...] = (),
-            fit_also: tuple[str, ...] = (), out: str | None = None, cross_validate: bool = True) -> dict:
+            fit_also: tuple[str, ...] = (), out: str | None = None, cross_validate: bool = True,
+            rows_csv: str | None = None) -> dict:
     profile = load_gpu(profile_ref)
     pricers = [cal.Repricer(r, profile) for r in recs]
     start = dict(profile.efficiency) | (extra or {})
@@ -135,6 +137,8 @@ def _screen(recs, profile_ref: str, prior_weight, extra: dict[str, float] | None
     if cross_validate:
         lomo, lomo_fits = fold_out(pricers, fitted, keys, fit_kw, lambda p: p.rec.row["model"])
         lotpo, _ = fold_out(pricers, fitted, keys, fit_kw, lambda p: int(p.cost.tp))
+    if rows_csv and not lomo.empty:
+        lomo.to_csv(rows_csv, index=False)
     per_model = {}
     if not lomo.empty:
         for m, df in lomo.groupby("model"):
@@ -167,6 +171,8 @@ def main() -> None:
                     help="as `capacity calibrate --fit`: also fit this opt-in parameter (repeatable)")
     ap.add_argument("--out-prefix", help="write each variant's full fit to PREFIX_NAME.yaml (a profile)")
     ap.add_argument("--no-cv", action="store_true", help="the full fit only, no cross-validation")
+    ap.add_argument("--rows-prefix", help="write each variant's leave-one-model-out predictions, row by row, to "
+                                          "PREFIX_NAME_lomo.csv")
     ap.add_argument("--json")
     args = ap.parse_args()
     recs = records(args.gpu, Path(args.cache), args.workers, args.max_rows)
@@ -174,7 +180,8 @@ def main() -> None:
     results = []
     for name, ref in variants:
         r = screen(recs, ref, cal.parse_prior_weight(args.prior_weight), tuple(args.hold), tuple(args.fit),
-                   f"{args.out_prefix}_{name}.yaml" if args.out_prefix else None, not args.no_cv)
+                   f"{args.out_prefix}_{name}.yaml" if args.out_prefix else None, not args.no_cv,
+                   f"{args.rows_prefix}_{name}_lomo.csv" if args.rows_prefix else None)
         r["name"] = name
         results.append(r)
         print(f"{name:24} LOMO {fmt(r['lomo'])} | LOTPO {fmt(r['lotpo'])} | fitted {fmt(r['fit'])}", flush=True)
