@@ -102,3 +102,32 @@ def test_aiters_fused_moe_is_refused_off_amd_in_one_line():
     with pytest.raises(CapacityError, match="AMD Instinct GPUs only; H100 is not one"):
         StepCostModel(load_gpu("H100"), load_model("gpt-oss-120b"), 1, moe_backend="aiter")
     assert StepCostModel(load_gpu("MI355X"), load_model("gpt-oss-120b"), 1, moe_backend="aiter").moe_backend == "aiter"
+
+
+# ---- activation quantization of MXFP4 w4a4 dense linears on ROCm (docs/seed_validation.md section 44)
+# Truth: vLLM's quark_ocp_mx.py `gemm_with_dynamic_quant` runs a quantization kernel (per_1x32_f4_quant_hip or
+# dynamic_mxfp4_quant) before each w4a4 GEMM; a decoder layer has QKV and o_proj, a dense MLP gate_up and down, a
+# shared expert gate_up and down; the router and the LM head stay unquantized.
+
+@pytest.mark.parametrize("model, kernels", [
+    ("Llama-3.3-70B-Instruct", 80 * 4),                # 80 dense layers: QKV, o_proj, gate_up, down
+    ("gpt-oss-120b", 36 * 2),                          # 36 MoE layers, no shared expert: QKV, o_proj
+    ("Kimi-K2.5", 61 * 2 + 1 * 2 + 60 * 2),            # 61 attention blocks, 1 dense MLP, 60 shared experts
+])
+def test_w4a4_dense_linears_add_one_quantization_kernel_each(model, kernels):
+    from dataclasses import replace
+    from capacity.cost.step_cost import activation_quant_kernels
+    m = load_model(model)
+    assert activation_quant_kernels(replace(m, dense_weight_dtype="mxfp4_w4a4")) == kernels
+    assert activation_quant_kernels(m) == 0                                        # native checkpoints
+    assert activation_quant_kernels(replace(m, dense_weight_dtype="mxfp4")) == 0   # weight-only: no activation
+
+
+def test_a_w4a4_dense_model_pays_its_quantization_kernels_on_rocm_only():
+    m4a4, m4 = load_model("Qwen3.5-27B", "mxfp4_w4a4"), load_model("Qwen3.5-27B", "mxfp4")
+    gpu = load_gpu("MI355X")
+    # Qwen3.5-27B: 64 dense layers, 4 quantized linears each
+    quant = 64 * 4
+    extra = StepCostModel(gpu, m4a4).layer_kernels_s() - StepCostModel(gpu, m4).layer_kernels_s()
+    assert extra == pytest.approx(gpu.efficiency["layer_overhead_us"] * 1e-6 * quant / gpu.kernels_per_dense_layer)
+    assert layer_overhead_units(m4a4, 9) == layer_overhead_units(m4, 9)   # off the ROCm path: nothing added

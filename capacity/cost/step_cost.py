@@ -187,10 +187,10 @@ MOE_TOKEN_COST_COMPUTE_SIDE = False
 # The architectures (GpuProfile.architecture) on which a step on AITER's fused MoE (`engine.moe_backend: aiter`) prices
 # its experts from the measured kernel curve (capacity/data/moe_kernel_curves.yaml, `aiter_moe_layer_s`: nothing fitted
 # to serving rows) instead of `gemm` x `moe` and `moe` x `hbm`: those whose shipped profiles were fitted with it
-# (MI300X, and MI325X by family transfer; MI355X's fit predates it). A screening switch (scripts/screen_cost_terms.py
-# --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=()", or "...=CDNA3 (gfx942)|CDNA4 (gfx950)"); docs/seed_validation.md
-# section 41.
-AITER_MOE_KERNEL_CURVE: tuple[str, ...] = ("CDNA3 (gfx942)",)
+# (MI300X, and MI325X by family transfer; MI355X, and MI350X by family transfer, since section 44). A screening switch
+# (scripts/screen_cost_terms.py --variant "NAME=GPU;AITER_MOE_KERNEL_CURVE=()", or "...=CDNA3 (gfx942)"); docs/seed_validation.md
+# sections 41, 43, 44.
+AITER_MOE_KERNEL_CURVE: tuple[str, ...] = ("CDNA3 (gfx942)", "CDNA4 (gfx950)")
 # Whether the curve prices only the kernels AITER's tables timed (`MoeKernelCurve.formats`, e.g. "fp8 x fp8"): another
 # pairing (int4 experts; MXFP4 experts under bf16 or FP8 activations on CDNA3, whose tables time bf16 and FP8 only) runs
 # a kernel the curve knows nothing of, and is priced by `gemm` x `moe` and `moe` x `hbm` instead. False prices every
@@ -501,12 +501,32 @@ QK_NORM_EXTRA_KERNELS = 2
 QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 
 
-def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, moe_backend: str = "triton") -> float:
+# Dense-layer weight formats whose activations ROCm vLLM quantizes at run time in a kernel of its own before each
+# GEMM: MXFP4 weights with MXFP4 activations (AMD Quark's OCP-MX w4a4), vllm/model_executor/layers/quantization/quark/
+# schemes/quark_ocp_mx.py `gemm_with_dynamic_quant` (per_1x32_f4_quant_hip, or dynamic_mxfp4_quant on the Triton
+# path, then gemm_a4w4 / gemm_afp4wfp4; read at 039541c). basis: counted from the code, not traced. FP8 activations
+# are not counted: vLLM fuses their quantization into the RMSNorm or activation before on some paths (not settled).
+DYNAMIC_ACTIVATION_QUANT_FORMATS = ("mxfp4_w4a4",)
+
+
+def activation_quant_kernels(model: "ModelArch") -> int:
+    """Activation-quantization kernels one forward pass adds where its dense linears quantize their input at run time
+    (DYNAMIC_ACTIVATION_QUANT_FORMATS): one per quantized linear of a layer, QKV and o_proj, gate_up and down of a
+    dense MLP or a shared expert (`gemm_calls` without the router, which is never quantized, and the LM head, which
+    Quark's MXFP4 checkpoints exclude)."""
+    if model.dense_weight_dtype not in DYNAMIC_ACTIVATION_QUANT_FORMATS:
+        return 0
+    moe = model.num_moe_layers
+    return 2 * model.num_layers + 2 * (model.num_layers - moe) + 2 * moe * (model.num_shared_experts > 0)
+
+
+def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, moe_backend: str = "triton",
+                         quantizes_activations: bool = False) -> float:
     """What `layer_overhead_us` multiplies. Without a kernel count (0): the number of layers. With one (a
     profile's opt-in `kernels_per_dense_layer`): the kernels of all layers in units of a dense layer's, so
     `layer_overhead_us` is the fixed GPU time of a dense layer's kernels and a MoE layer, which launches more
     (MOE_LAYER_KERNELS; AITER_MOE_LAYER_KERNELS where `moe_backend` is AITER's fused MoE), costs proportionally
-    more (docs/seed_validation.md §18, §35)."""
+    more (docs/seed_validation.md §18, §35); `quantizes_activations` adds `activation_quant_kernels` (ROCm, §44)."""
     if kernels_per_dense_layer <= 0:
         return float(model.num_layers)
     moe = model.num_moe_layers
@@ -514,7 +534,8 @@ def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, m
     attention_extra = (MLA_EXTRA_KERNELS if model.uses_mla else 0) + (QK_NORM_EXTRA_KERNELS if model.qk_norm else 0)
     kernels = ((model.num_layers - moe) * kernels_per_dense_layer
                + moe * (moe_kernels + SHARED_EXPERT_KERNELS * (model.num_shared_experts > 0))
-               + model.num_layers * attention_extra)
+               + model.num_layers * attention_extra
+               + (activation_quant_kernels(model) if quantizes_activations else 0))
     return kernels / kernels_per_dense_layer
 
 
@@ -913,7 +934,7 @@ class StepCostModel:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
         self.moe_backend = "triton" if moe_backend == "auto" else moe_backend
-        self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend)
+        self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
         # None: every step replays a graph
         self.graph_max_tokens = graph_max_tokens

@@ -35,6 +35,10 @@ DRAFT_STAND_INS = {
 ASSUMED_EAGLE3_N = 3          # the EAGLE-3 blog does not state N for Kimi; its MiniMax runs use 3 (assumed)
 MTP_PLATEAU_N = 8             # "MTP throughput plateaus ... past budget 8" -> modelled at N = 8
 SINGLE_USER_PROMPTS = 16      # concurrency-1 rows: requests are independent, 16 converge the mean
+# vLLM runs Quark MXFP4 (w4a4) experts natively only through AITER's fused MoE, and emulates them otherwise (dequantized
+# to bf16): quark_moe.py `QuarkOCP_MX_MoEMethod`, emulate = not supports_mx() or not (AITER MoE and w_mxfp4_a_mxfp4).
+QUARK_MXFP4_MOE_ON_AITER = ("Quark MXFP4 experts on AITER's fused MoE (assumed: vLLM's only native path for them, "
+                            "quark_moe.py QuarkOCP_MX_MoEMethod; the blog does not state VLLM_ROCM_USE_AITER)")
 POISSON_PROMPTS = 200         # Poisson rows (the blog ran 500; 200 keep the run short, mean E2E within ~2 %)
 PIN_TOLERANCE = 0.002         # bisection on the i.i.d. acceptance rate stops at this |ratio error|
 
@@ -91,11 +95,15 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
                 c.reason = f"draft checkpoint '{draft}' has no shipped config"
                 continue
         tp = int(parse_float(row.get("tp")))
-        prec = blog_precision(row.get("precision", ""))
+        prec = blog_precision(row.get("precision", ""), row.get("model", ""))
         isl, osl = parse_float(row.get("isl")), parse_float(row.get("osl"))
         if v0_engine(row):
             assumptions.append(f"vLLM {row.get('framework_version')} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
+        engine = {}
+        if prec == "mxfp4_w4a4" and load_model(model).num_moe_layers:
+            engine["moe_backend"] = "aiter"
+            assumptions.append(QUARK_MXFP4_MOE_ON_AITER)
         if expert_parallel:
             dep["expert_parallel"] = True
             assumptions.append("expert parallelism over the TP GPUs (vLLM --enable-expert-parallel)")
@@ -122,7 +130,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             assumptions.append("acceptance from the seed article's profile of this method/target (temperature 0)")
             c.status, c.metric = "predict", "tok_s_per_user"
             c.measured = parse_float(row.get("tok_s_per_user"))
-            c.scenario = {"name": f"serving:{i}", "deployment": dep,
+            c.scenario = {"name": f"serving:{i}", "deployment": dep, "engine": engine,
                           "traffic": {"arrival": {"process": "closed_loop", "concurrency": 1},
                                       "num_requests": SINGLE_USER_PROMPTS,
                                       "classes": [{"name": "seed", **{k: dict(v) for k, v in SEED_WORKLOAD.items()}}]}}
@@ -152,7 +160,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             c.reason = "no measured value"
             continue
         traffic["classes"] = [{"name": "random", **lengths}]
-        c.scenario = {"name": f"serving:{i}", "deployment": dep, "traffic": traffic}
+        c.scenario = {"name": f"serving:{i}", "deployment": dep, "engine": engine, "traffic": traffic}
         c.measured = value
         c.metric = metric
         if method is None:

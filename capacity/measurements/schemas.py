@@ -144,10 +144,16 @@ def spec_precision(value: Any) -> str | None:
     return PRECISIONS.get(text.split()[0])
 
 
-def blog_precision(text: Any) -> str | None:
+def blog_precision(text: Any, model: Any = "") -> str | None:
     """A ROCm blog row's precision cell (free text): the first of mxfp4, mxfp8, fp8, int4, bf16 it
-    names; None when it names none or hedges with '?'."""
+    names; None when it names none or hedges with '?'. MXFP4 of AMD Quark (the cell says Quark, or the model
+    cell names an amd/...MXFP4 checkpoint) quantizes the activations too, mxfp4_w4a4: "all-4-bit MXFP4"
+    (https://rocm.blogs.amd.com/artificial-intelligence/w4a6-quant-mm/README.html, of its Quark Qwen3.6-27B and
+    Llama-3.1-8B checkpoints), as the model cards of amd/Kimi-K2.5-MXFP4 and amd/MiniMax-M2.5-MXFP4 say
+    (serve_recipes.yaml)."""
     t = str(text).lower()
+    if "mxfp4" in t and "?" not in t and ("quark" in t or re.search(r"\bamd/\S*mxfp4", str(model).lower())):
+        return "mxfp4_w4a4"
     for key in ("mxfp4", "mxfp8", "fp8", "int4", "bf16"):
         if key in t and "?" not in t:
             return PRECISIONS[key]
