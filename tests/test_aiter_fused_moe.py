@@ -131,11 +131,12 @@ def test_the_curve_switch_restores_the_efficiency_pricing(monkeypatch):
 
 
 def test_the_curve_prices_the_architectures_whose_profiles_were_fitted_with_it():
-    """As shipped: CDNA3 (MI300X's refit, MI325X by transfer) on the curve; MI355X keeps the pricing its fit was made
-    with (its per-routed-token time would double-count the kernel otherwise)."""
-    assert "CDNA3 (gfx942)" in step_cost.AITER_MOE_KERNEL_CURVE
-    on = StepCostModel(load_gpu("MI325X"), load_model("MiniMax-M2.5", weight_precision="fp8"), 4, moe_backend="aiter")
-    assert on._aiter_moe is not None
+    """As shipped: CDNA3 (MI300X's refit, MI325X by transfer) and CDNA4 (MI355X's refit of section 44, MI350X by
+    transfer) on the curve, the profiles their fits were made with."""
+    assert {"CDNA3 (gfx942)", "CDNA4 (gfx950)"} <= set(step_cost.AITER_MOE_KERNEL_CURVE)
+    for gpu in ("MI300X", "MI325X", "MI355X", "MI350X"):
+        on = StepCostModel(load_gpu(gpu), load_model("MiniMax-M2.5", weight_precision="fp8"), 4, moe_backend="aiter")
+        assert on._aiter_moe is not None, gpu
 
 
 def test_the_curve_names_the_kernels_its_rows_time(rows):
