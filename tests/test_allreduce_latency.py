@@ -1,6 +1,6 @@
 """MI300X's all-reduce priced from measured latencies (capacity/data/measurements/allreduce_latency.yaml, the QuickReduce
 library's RCCL and QuickReduce tables; vLLM's own custom all-reduce from allreduce_kernels.csv), on the path vLLM takes.
-Opt-in (step_cost.ALLREDUCE_MEASURED_LATENCY; not shipped, docs/seed_validation.md section 39).
+Shipped since docs/seed_validation.md section 44 (step_cost.ALLREDUCE_MEASURED_LATENCY; section 39 built it).
 
 Independent truth, none of it in the table the code reads:
 - Azure's RCCL all-reduce bus bandwidth on 8 MI300X at 8 GB (the profile's measured.allreduce_busbw_gb_s, 316.82 GB/s):
@@ -85,8 +85,12 @@ def test_gpus_without_measurements_keep_the_latency_plus_bytes_form():
     assert measured_allreduce("H100") is None and measured_allreduce("MI355X") is None
 
 
-def test_off_by_default_the_shipped_form_is_unchanged():
-    """The switch is off as shipped: MI300X's step prices its all-reduce with the latency-plus-bytes form."""
-    assert step_cost.ALLREDUCE_MEASURED_LATENCY is False
-    cost = StepCostModel(load_gpu("MI300X"), load_model("Llama-3.3-70B-Instruct", weight_precision="fp8"), 8)
-    assert cost._allreduce_measured is None
+def test_on_as_shipped_and_the_switch_restores_the_latency_plus_bytes_form(monkeypatch):
+    """As shipped (section 44) MI300X prices its all-reduces from the measured latencies at `allreduce` 1, the
+    microbenchmark itself; the switch off restores the latency-plus-bytes form."""
+    assert step_cost.ALLREDUCE_MEASURED_LATENCY is True
+    assert load_gpu("MI300X").efficiency["allreduce"] == 1.0
+    model = load_model("Llama-3.3-70B-Instruct", weight_precision="fp8")
+    assert StepCostModel(load_gpu("MI300X"), model, 8)._allreduce_measured is not None
+    monkeypatch.setattr(step_cost, "ALLREDUCE_MEASURED_LATENCY", False)
+    assert StepCostModel(load_gpu("MI300X"), model, 8)._allreduce_measured is None

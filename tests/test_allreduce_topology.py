@@ -17,6 +17,16 @@ from capacity.cost.step_cost import StepCostModel, allreduce_traffic
 from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 
+
+@pytest.fixture(autouse=True)
+def _latency_plus_bytes_form(monkeypatch):
+    """These tests are of the latency-plus-bytes form (MI300X among its GPUs), which every GPU without a measured
+    all-reduce table prices with; MI300X and MI325X price from their measured latencies as shipped
+    (step_cost.ALLREDUCE_MEASURED_LATENCY, tests/test_allreduce_latency.py), so the switch is turned off here."""
+    from capacity.cost import step_cost
+    monkeypatch.setattr(step_cost, "ALLREDUCE_MEASURED_LATENCY", False)
+
+
 KIB = 1024
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -174,7 +174,7 @@ MEASURED_RATIOS = {
     ("MI300X", "gemm"): 708 / 1307.4,
     ("MI300X", "hbm"): 4.09 / 5.3,
     ("MI300X", "attention"): 328.6 / 1307.4,
-    ("MI300X", "allreduce"): 316.82 / 448,
+    ("MI300X", "allreduce"): 1.0,  # of its measured all-reduce latencies (allreduce_latency.yaml; section 44)
     ("MI355X", "gemm"): 1565 / 2516,
     ("H100", "gemm"): 794.5 / 989,
     ("H100", "hbm"): 2.97 / 3.35,

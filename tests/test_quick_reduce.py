@@ -16,6 +16,16 @@ from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 from capacity.sim import simulate
 
+
+@pytest.fixture(autouse=True)
+def _latency_plus_bytes_form(monkeypatch):
+    """These tests are of QuickReduce's wire bytes in the latency-plus-bytes form on MI300X, which every GPU without
+    a measured all-reduce table prices with; MI300X and MI325X price from their measured latencies as shipped
+    (step_cost.ALLREDUCE_MEASURED_LATENCY, tests/test_allreduce_latency.py), so the switch is turned off here."""
+    from capacity.cost import step_cost
+    monkeypatch.setattr(step_cost, "ALLREDUCE_MEASURED_LATENCY", False)
+
+
 MIB = 2 ** 20
 # vLLM quick_all_reduce.py _QR_MIN_SIZE[(torch.float16, world_size)] = [FP, INT8, INT6, INT4] in MiB
 VLLM_FP16_MIN_MIB = {2: [1, 2, 2, 1], 4: [1, 16, 4, 2], 8: [16, 4, 4, 2]}

@@ -424,11 +424,11 @@ def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduc
 # True: where a GPU's fabric has measured all-reduce latencies (hardware.measured_allreduce: capacity/data/measurements/
 # allreduce_latency.yaml, MI300X and MI325X), one all-reduce costs the latency measured for its TP size, message size
 # and the path vLLM takes (`measured_allreduce_s`), over `efficiency.allreduce` (then the fraction of that measured rate
-# reached in serving; 1 = the microbenchmark). False (shipped) and elsewhere: the latency-plus-bytes form of
-# `allreduce_bytes` at the profile's scale-up bandwidth. Not shipped: MI300X refitted with it puts its request delay on
-# the floor 0 (docs/seed_validation.md section 39). A screening switch (scripts/screen_cost_terms.py
-# --variant "NAME=PROFILE.yaml;ALLREDUCE_MEASURED_LATENCY=True", PROFILE with `allreduce` at 1).
-ALLREDUCE_MEASURED_LATENCY = False
+# reached in serving; 1 = the microbenchmark). Shipped since docs/seed_validation.md section 44: MI300X holds `allreduce`
+# at 1 and its request delay at a sourced 4 ms (fitted free, the rows put the delay on its floor 0, section 39). False,
+# and elsewhere: the latency-plus-bytes form of `allreduce_bytes` at the profile's scale-up bandwidth. A screening switch
+# (scripts/screen_cost_terms.py --variant "NAME=PROFILE.yaml;ALLREDUCE_MEASURED_LATENCY=False").
+ALLREDUCE_MEASURED_LATENCY = True
 
 
 def _interp_extrapolate(x, xs: np.ndarray, ys: np.ndarray):
