@@ -513,7 +513,7 @@ def activation_quant_kernels(model: "ModelArch") -> int:
     """Activation-quantization kernels one forward pass adds where its dense linears quantize their input at run time
     (DYNAMIC_ACTIVATION_QUANT_FORMATS): one per quantized linear of a layer, QKV and o_proj, gate_up and down of a
     dense MLP or a shared expert (`gemm_calls` without the router, which is never quantized, and the LM head, which
-    Quark's MXFP4 checkpoints exclude)."""
+    Quark's MXFP4 checkpoints exclude; a linear-attention layer's projections counted as two, as there)."""
     if model.dense_weight_dtype not in DYNAMIC_ACTIVATION_QUANT_FORMATS:
         return 0
     moe = model.num_moe_layers
