@@ -18,13 +18,8 @@ from capacity.inputs.hardware import load_gpu
 from capacity.inputs.models import load_model
 
 
-@pytest.fixture(autouse=True)
-def _latency_plus_bytes_form(monkeypatch):
-    """These tests are of the latency-plus-bytes form (MI300X among its GPUs), which every GPU without a measured
-    all-reduce table prices with; MI300X and MI325X price from their measured latencies as shipped
-    (step_cost.ALLREDUCE_MEASURED_LATENCY, tests/test_allreduce_latency.py), so the switch is turned off here."""
-    from capacity.cost import step_cost
-    monkeypatch.setattr(step_cost, "ALLREDUCE_MEASURED_LATENCY", False)
+# these tests are of the latency-plus-bytes form on MI300X (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("latency_plus_bytes_allreduce")
 
 
 KIB = 1024

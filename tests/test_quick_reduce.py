@@ -17,13 +17,8 @@ from capacity.inputs.models import load_model
 from capacity.sim import simulate
 
 
-@pytest.fixture(autouse=True)
-def _latency_plus_bytes_form(monkeypatch):
-    """These tests are of QuickReduce's wire bytes in the latency-plus-bytes form on MI300X, which every GPU without
-    a measured all-reduce table prices with; MI300X and MI325X price from their measured latencies as shipped
-    (step_cost.ALLREDUCE_MEASURED_LATENCY, tests/test_allreduce_latency.py), so the switch is turned off here."""
-    from capacity.cost import step_cost
-    monkeypatch.setattr(step_cost, "ALLREDUCE_MEASURED_LATENCY", False)
+# these tests are of the latency-plus-bytes form on MI300X (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("latency_plus_bytes_allreduce")
 
 
 MIB = 2 ** 20

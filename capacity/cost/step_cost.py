@@ -516,8 +516,8 @@ def activation_quant_kernels(model: "ModelArch") -> int:
     Quark's MXFP4 checkpoints exclude; a linear-attention layer's projections counted as two, as there)."""
     if model.dense_weight_dtype not in DYNAMIC_ACTIVATION_QUANT_FORMATS:
         return 0
-    moe = model.num_moe_layers
-    return 2 * model.num_layers + 2 * (model.num_layers - moe) + 2 * moe * (model.num_shared_experts > 0)
+    dense, _ = gemm_calls(model)
+    return dense - model.num_moe_layers - (1 if model.params_lm_head else 0)
 
 
 def layer_overhead_units(model: "ModelArch", kernels_per_dense_layer: int = 0, moe_backend: str = "triton",

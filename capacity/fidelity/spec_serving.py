@@ -78,7 +78,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             continue
         try:
             model = model_aliases().get(str(row["model"]), str(row["model"]))
-            load_model(model)
+            arch = load_model(model)
         except CapacityError:
             c.reason = f"no shipped config for model '{row['model']}'"
             continue
@@ -101,7 +101,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             assumptions.append(f"vLLM {row.get('framework_version')} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
         engine = {}
-        if prec == "mxfp4_w4a4" and load_model(model).num_moe_layers:
+        if prec == "mxfp4_w4a4" and arch.num_moe_layers:
             engine["moe_backend"] = "aiter"
             assumptions.append(QUARK_MXFP4_MOE_ON_AITER)
         if expert_parallel:
