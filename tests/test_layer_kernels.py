@@ -104,6 +104,24 @@ def test_aiters_fused_moe_is_refused_off_amd_in_one_line():
     assert StepCostModel(load_gpu("MI355X"), load_model("gpt-oss-120b"), 1, moe_backend="aiter").moe_backend == "aiter"
 
 
+@pytest.mark.parametrize("gpu, precision, backend", [
+    ("MI355X", "mxfp4_w4a4", "aiter"),    # gfx950 supports MX: QuarkOCP_MX_MoEMethod runs rocm_aiter_fused_experts
+    ("MI350X", "mxfp4_w4a4", "aiter"),
+    ("MI300X", "mxfp4_w4a4", "triton"),   # gfx942 has no MX tensor cores: vLLM emulates (not priced), never AITER native
+    ("MI355X", "mxfp4", "triton"),        # MXFP4 weights under 16-bit activations: vLLM's default fused MoE
+    ("MI355X", "fp8", "triton"),
+    ("B200", "mxfp4_w4a4", "triton"),     # not ROCm: AITER does not exist there
+])
+def test_auto_moe_backend_follows_vllms_quark_mxfp4_rule(gpu, precision, backend):
+    """engine.moe_backend 'auto' is vLLM's own choice. Truth: vllm/model_executor/layers/quantization/quark/
+    quark_moe.py `QuarkOCP_MX_MoEMethod`: `_emulate` is False where `current_platform.supports_mx()` (gfx950 only,
+    vllm/platforms/rocm.py) and the scheme is w_mxfp4*, and `apply` then calls `rocm_aiter_fused_experts`; every
+    other expert format takes vLLM's default Triton fused MoE."""
+    m = load_model("MiniMax-M2.5", weight_precision=precision)
+    assert StepCostModel(load_gpu(gpu), m, 2).moe_backend == backend
+    assert StepCostModel(load_gpu(gpu), load_model("Llama-3.3-70B-Instruct"), 2).moe_backend == "triton"   # dense
+
+
 # ---- activation quantization of MXFP4 w4a4 dense linears on ROCm (docs/seed_validation.md section 44)
 # Truth: vLLM's quark_ocp_mx.py `gemm_with_dynamic_quant` runs a quantization kernel (per_1x32_f4_quant_hip or
 # dynamic_mxfp4_quant) before each w4a4 GEMM; a decoder layer has QKV and o_proj, a dense MLP gate_up and down, a

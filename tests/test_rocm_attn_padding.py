@@ -136,3 +136,25 @@ def test_the_serve_line_names_the_kernels_the_plan_priced_where_vllms_default_di
     assert attention_backend_args(h200, qwen, "auto") == ([], [])
     for name in ("google/gemma-4-31B-it", "openai/gpt-oss-120b", "moonshotai/Kimi-K2.5"):
         assert attention_backend_args(mi355x, load_model(name), "auto") == ([], [])
+
+
+def test_the_serve_line_runs_the_fused_moe_kernels_the_plan_priced():
+    """VLLM_ROCM_USE_AITER=1, which the serve line sets for AITER's flash attention, also turns on AITER's fused MoE
+    (vllm/_aiter_ops.py `is_fused_moe_enabled`: `_AITER_ENABLED and _FMOE_ENABLED`, VLLM_ROCM_USE_AITER_MOE on by
+    default). A MoE model priced on Triton's fused MoE then needs VLLM_ROCM_USE_AITER_MOE=0; one priced on AITER's
+    needs VLLM_ROCM_USE_AITER=1; a dense model, CUDA, and Quark MXFP4 experts on gfx950 (AITER's either way,
+    quark_moe.py) need nothing."""
+    from capacity.studies.plan import moe_backend_env
+
+    mi355x, h200 = load_gpu("MI355X"), load_gpu("H200")
+    minimax = load_model("MiniMax-M2.5", weight_precision="fp8")
+    aiter_env = ["VLLM_ROCM_USE_AITER=1"]
+    assert moe_backend_env(mi355x, minimax, "auto", aiter_env) == ["VLLM_ROCM_USE_AITER_MOE=0"]
+    assert moe_backend_env(mi355x, minimax, "triton", []) == []
+    assert moe_backend_env(mi355x, minimax, "aiter", aiter_env) == []
+    assert moe_backend_env(mi355x, minimax, "aiter", []) == ["VLLM_ROCM_USE_AITER=1"]
+    assert moe_backend_env(mi355x, load_model("Qwen/Qwen3-8B"), "auto", aiter_env) == []
+    assert moe_backend_env(h200, minimax, "auto", []) == []
+    w4a4 = load_model("MiniMax-M2.5", weight_precision="mxfp4_w4a4")
+    assert moe_backend_env(mi355x, w4a4, "auto", aiter_env) == []
+    assert moe_backend_env(mi355x, w4a4, "auto", []) == []

@@ -103,16 +103,26 @@ def test_a_quark_mxfp4_blog_row_is_simulated_with_mxfp4_activations():
 
 def test_quark_mxfp4_experts_are_served_by_aiter_and_dense_rows_are_not():
     """vLLM runs Quark MXFP4 experts natively only through AITER's fused MoE (quark_moe.py QuarkOCP_MX_MoEMethod:
-    emulate = not supports_mx() or not (AITER MoE and w_mxfp4_a_mxfp4)), so a blog row of such a MoE target is
-    simulated on it; a dense Quark target has no experts and keeps vLLM's default."""
-    from capacity.fidelity.spec_serving import plan_serving_rows
+    not emulated where supports_mx(), i.e. gfx950, and the scheme is w_mxfp4*), so a blog row of such a MoE target on
+    MI355X is simulated on it by the engine's own 'auto' choice, with the assumption stated; a dense Quark target has
+    no experts and keeps vLLM's default."""
+    from capacity.cost.step_cost import StepCostModel
+    from capacity.fidelity.spec_serving import QUARK_MXFP4_MOE_ON_AITER, plan_serving_rows
+    from capacity.inputs.hardware import load_gpu
+    from capacity.inputs.models import load_model
     rows = read_measurements(validate.default_files()[0])
     cases = [c for c in plan_serving_rows(rows[rows.source_id.str.startswith("rocm_blog")]) if c.scenario]
     kimi = [c for c in cases if "amd/Kimi-K2.5-MXFP4" in str(c.row["model"])]
-    assert kimi and all(c.scenario["engine"] == {"moe_backend": "aiter"} for c in kimi)
-    assert all(c.scenario["deployment"]["precision"] == "mxfp4_w4a4" for c in kimi)
+    assert kimi and all(QUARK_MXFP4_MOE_ON_AITER in c.assumptions for c in kimi)
+    for c in kimi:
+        dep = c.scenario["deployment"]
+        assert dep["precision"] == "mxfp4_w4a4" and c.scenario.get("engine", {}).get("moe_backend", "auto") == "auto"
+        cost = StepCostModel(load_gpu(dep["gpu"]), load_model(dep["model"], weight_precision=dep["precision"]),
+                             dep["tensor_parallel_size"])
+        assert cost.moe_backend == "aiter"
     dense = [c for c in cases if c.row["model"] == "Qwen3.5-27B" and "Quark" in str(c.row["precision"])]
     assert dense and all(c.scenario["engine"] == {} for c in dense)
+    assert all(QUARK_MXFP4_MOE_ON_AITER not in c.assumptions for c in dense)
 
 
 def test_eagle3_blog_baselines_are_predicted_near_the_published_rates():

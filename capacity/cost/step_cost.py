@@ -509,6 +509,24 @@ QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 DYNAMIC_ACTIVATION_QUANT_FORMATS = ("mxfp4_w4a4",)
 
 
+# Expert formats vLLM runs natively only through AITER's fused MoE, on a GPU with MX tensor cores (CDNA4, gfx950):
+# AMD Quark's OCP-MX MXFP4 experts with MXFP4 activations. vllm/model_executor/layers/quantization/quark/quark_moe.py
+# `QuarkOCP_MX_MoEMethod`: `emulate` is False where `current_platform.supports_mx()` and the scheme is w_mxfp4*, and
+# `apply` then calls `rocm_aiter_fused_experts`; elsewhere vLLM emulates them (weights dequantized, linears in 16 bit),
+# which the simulator does not price. Earlier vLLM also required VLLM_ROCM_USE_AITER=1 for the native path.
+AITER_NATIVE_EXPERT_FORMATS = ("mxfp4_w4a4",)
+
+
+def resolve_moe_backend(gpu: "GpuProfile", model: "ModelArch") -> str:
+    """vLLM's own choice of fused-MoE kernels (scenario engine.moe_backend 'auto'): AITER's fused MoE for experts in
+    AITER_NATIVE_EXPERT_FORMATS on a ROCm GPU with native fp4 (the MX tensor cores of gfx950), else its default
+    Triton fused MoE."""
+    if (gpu.is_rocm and model.num_moe_layers and model.compute_weight_dtype in AITER_NATIVE_EXPERT_FORMATS
+            and gpu.compute_dtype(model.compute_weight_dtype) == "fp4"):
+        return "aiter"
+    return "triton"
+
+
 def activation_quant_kernels(model: "ModelArch") -> int:
     """Activation-quantization kernels one forward pass adds where its dense linears quantize their input at run time
     (DYNAMIC_ACTIVATION_QUANT_FORMATS): one per quantized linear of a layer, QKV and o_proj, gate_up and down of a
@@ -927,13 +945,13 @@ class StepCostModel:
         self._kv_split = 1 if model.uses_mla else self.tp
         self._expert_bw = gpu.expert_stream_bw_tb_s * 1e12   # expert weights stream at a rate the die sets
         self._allreduce_bw = gpu.allreduce_bandwidth_gb_s(self.tp) * 1e9   # bytes/s one GPU reaches its peers with
-        # the fused-MoE kernels vLLM runs (scenario engine.moe_backend; 'auto': its default Triton fused MoE)
+        # the fused-MoE kernels vLLM runs (scenario engine.moe_backend; 'auto': resolve_moe_backend)
         if moe_backend not in ("auto", "triton", "aiter"):
             raise CapacityError(f"engine.moe_backend '{moe_backend}' is not one of auto, triton, aiter")
         if moe_backend == "aiter" and not gpu.is_rocm:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
-        self.moe_backend = "triton" if moe_backend == "auto" else moe_backend
+        self.moe_backend = (resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend)
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
         # None: every step replays a graph

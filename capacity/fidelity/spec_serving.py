@@ -36,9 +36,11 @@ ASSUMED_EAGLE3_N = 3          # the EAGLE-3 blog does not state N for Kimi; its 
 MTP_PLATEAU_N = 8             # "MTP throughput plateaus ... past budget 8" -> modelled at N = 8
 SINGLE_USER_PROMPTS = 16      # concurrency-1 rows: requests are independent, 16 converge the mean
 # vLLM runs Quark MXFP4 (w4a4) experts natively only through AITER's fused MoE, and emulates them otherwise (dequantized
-# to bf16): quark_moe.py `QuarkOCP_MX_MoEMethod`, emulate = not supports_mx() or not (AITER MoE and w_mxfp4_a_mxfp4).
-QUARK_MXFP4_MOE_ON_AITER = ("Quark MXFP4 experts on AITER's fused MoE (assumed: vLLM's only native path for them, "
-                            "quark_moe.py QuarkOCP_MX_MoEMethod; the blog does not state VLLM_ROCM_USE_AITER)")
+# to bf16): quark_moe.py `QuarkOCP_MX_MoEMethod`. The simulator's `auto` picks it (step_cost.resolve_moe_backend, vLLM's
+# current rule on gfx950); earlier vLLM also needed VLLM_ROCM_USE_AITER=1, which the blog does not state.
+QUARK_MXFP4_MOE_ON_AITER = ("Quark MXFP4 experts on AITER's fused MoE (vLLM's only native path for them, "
+                            "quark_moe.py QuarkOCP_MX_MoEMethod; assumed: the blog's vLLM ran it, as current vLLM does "
+                            "on gfx950 without VLLM_ROCM_USE_AITER)")
 POISSON_PROMPTS = 200         # Poisson rows (the blog ran 500; 200 keep the run short, mean E2E within ~2 %)
 PIN_TOLERANCE = 0.002         # bisection on the i.i.d. acceptance rate stops at this |ratio error|
 
@@ -102,7 +104,6 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
         engine = {}
         if prec == "mxfp4_w4a4" and arch.num_moe_layers:
-            engine["moe_backend"] = "aiter"
             assumptions.append(QUARK_MXFP4_MOE_ON_AITER)
         if expert_parallel:
             dep["expert_parallel"] = True

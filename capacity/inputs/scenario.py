@@ -136,8 +136,10 @@ class Engine(_Strict):
         "auto", description="the fused-MoE kernels vLLM runs a MoE model's experts with: 'triton' (vLLM's fused_moe: "
                             "grouped GEMMs with separate activation and top-k sum kernels), 'aiter' (AMD AITER's two-stage "
                             "fused MoE, VLLM_ROCM_USE_AITER=1 on AMD Instinct GPUs: two kernels fewer per MoE layer), "
-                            "'auto': vLLM's default, triton. Only the fixed time per kernel of a profile with "
-                            "kernels_per_dense_layer depends on it")
+                            "'auto': vLLM's choice: aiter for Quark MXFP4 (mxfp4_w4a4) experts on a GPU with native "
+                            "fp4 (gfx950, vLLM quark_moe.py), triton otherwise. The fixed time per kernel of a profile "
+                            "with kernels_per_dense_layer depends on it, and on CDNA3/CDNA4 aiter prices the experts "
+                            "from AITER's measured kernel times")
     activation_reserve_gb: float | None = Field(
         None, ge=0,
         description="per-GPU memory besides the weights that vLLM's start-up profiling takes from the KV cache "

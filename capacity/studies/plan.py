@@ -51,7 +51,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from capacity.cost.step_cost import StepFeatures, quick_reduce_rule
+from capacity.cost.step_cost import StepFeatures, quick_reduce_rule, resolve_moe_backend
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu
@@ -1103,6 +1103,23 @@ def attention_backend_args(gpu: Any, model: Any, backend: str) -> tuple[list[str
     return [], []
 
 
+def moe_backend_env(gpu: Any, model: Any, backend: str, env: list[str]) -> list[str]:
+    """Environment to add to `env` so that vLLM runs the fused-MoE kernels the plan priced (engine.moe_backend).
+
+    VLLM_ROCM_USE_AITER=1 also switches on AITER's fused MoE (vllm/_aiter_ops.py `is_fused_moe_enabled`:
+    VLLM_ROCM_USE_AITER and VLLM_ROCM_USE_AITER_MOE, the latter on by default), so a MoE model priced on Triton's
+    fused MoE under that variable needs VLLM_ROCM_USE_AITER_MOE=0, and one priced on AITER's needs the variable.
+    Quark MXFP4 experts on gfx950 run AITER's kernels either way (step_cost.resolve_moe_backend)."""
+    if not gpu.is_rocm or not model.num_moe_layers:
+        return []
+    priced = resolve_moe_backend(gpu, model) if backend == "auto" else backend
+    if priced == "aiter" and "VLLM_ROCM_USE_AITER=1" not in env and resolve_moe_backend(gpu, model) != "aiter":
+        return ["VLLM_ROCM_USE_AITER=1"]
+    if priced == "triton" and "VLLM_ROCM_USE_AITER=1" in env:
+        return ["VLLM_ROCM_USE_AITER_MOE=0"]
+    return []
+
+
 def _shell_quote(text: str) -> str:
     import shlex
 
@@ -1153,6 +1170,7 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
         notes.append("--attention-backend ROCM_AITER_FA names the attention kernels the plan priced: without it vLLM "
                      ">= 0.19 on ROCm runs ROCM_ATTN, whose prompt chunks and speculative verification pay a 128-row "
                      "query tile (price that with --set engine.attention_backend=rocm)")
+    env += moe_backend_env(gpu, load_model(d.model, weight_precision=d.precision or None), e.moe_backend, env)
     if quick_reduce_rule(gpu.architecture, tp, e.quick_reduce_quantization) is not None:
         env.append(f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}")
     serve = [*env, *serve]
