@@ -951,7 +951,7 @@ class StepCostModel:
         if moe_backend == "aiter" and not gpu.is_rocm:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
-        self.moe_backend = (resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend)
+        self.moe_backend = resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
         # None: every step replays a graph

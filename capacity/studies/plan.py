@@ -1164,13 +1164,14 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
                      "cache-aware load balancer, e.g. llm-d's endpoint picker or sticky sessions)")
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
-    env, attention = attention_backend_args(gpu, load_model(d.model), e.attention_backend)
+    model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)   # as the simulation loads it
+    env, attention = attention_backend_args(gpu, model, e.attention_backend)
     serve += [*attention, "--port", "8000"]
     if "ROCM_AITER_FA" in attention:
         notes.append("--attention-backend ROCM_AITER_FA names the attention kernels the plan priced: without it vLLM "
                      ">= 0.19 on ROCm runs ROCM_ATTN, whose prompt chunks and speculative verification pay a 128-row "
                      "query tile (price that with --set engine.attention_backend=rocm)")
-    env += moe_backend_env(gpu, load_model(d.model, weight_precision=d.precision or None), e.moe_backend, env)
+    env += moe_backend_env(gpu, model, e.moe_backend, env)
     if quick_reduce_rule(gpu.architecture, tp, e.quick_reduce_quantization) is not None:
         env.append(f"VLLM_ROCM_QUICK_REDUCE_QUANTIZATION={e.quick_reduce_quantization.upper()}")
     serve = [*env, *serve]
