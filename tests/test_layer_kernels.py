@@ -107,7 +107,6 @@ def test_aiters_fused_moe_is_refused_off_amd_in_one_line():
 @pytest.mark.parametrize("gpu, precision, backend", [
     ("MI355X", "mxfp4_w4a4", "aiter"),    # gfx950 supports MX: QuarkOCP_MX_MoEMethod runs rocm_aiter_fused_experts
     ("MI350X", "mxfp4_w4a4", "aiter"),
-    ("MI300X", "mxfp4_w4a4", "triton"),   # gfx942 has no MX tensor cores: vLLM emulates (not priced), never AITER native
     ("MI355X", "mxfp4", "triton"),        # MXFP4 weights under 16-bit activations: vLLM's default fused MoE
     ("MI355X", "fp8", "triton"),
     ("B200", "mxfp4_w4a4", "triton"),     # not ROCm: AITER does not exist there
@@ -120,6 +119,21 @@ def test_auto_moe_backend_follows_vllms_quark_mxfp4_rule(gpu, precision, backend
     m = load_model("MiniMax-M2.5", weight_precision=precision)
     assert StepCostModel(load_gpu(gpu), m, 2).moe_backend == backend
     assert StepCostModel(load_gpu(gpu), load_model("Llama-3.3-70B-Instruct"), 2).moe_backend == "triton"   # dense
+
+
+@pytest.mark.parametrize("model", ["MiniMax-M2.5", "Llama-3.3-70B-Instruct"])
+def test_mxfp4_w4a4_on_a_rocm_gpu_without_mx_tensor_cores_is_refused_in_one_line(model):
+    """vLLM emulates MXFP4 w4a4 layers on gfx942 (quark_ocp_mx.py / quark_moe.py: `emulate` where not
+    `current_platform.supports_mx()`, i.e. every GPU but gfx950): weights dequantized to 16 bit on every pass. The
+    simulator does not price that, so it refuses the deployment with the fix, instead of pricing it as native; CUDA
+    GPUs without fp4 run such checkpoints weight-only and stay priced."""
+    from capacity.errors import CapacityError
+    m = load_model(model, weight_precision="mxfp4_w4a4")
+    for gpu in ("MI300X", "MI325X"):
+        with pytest.raises(CapacityError, match=r"no MXFP4 tensor cores: vLLM emulates mxfp4_w4a4 .* use a gfx950 GPU"):
+            StepCostModel(load_gpu(gpu), m, 2)
+    StepCostModel(load_gpu("MI355X"), m, 2)
+    StepCostModel(load_gpu("H100"), m, 2)
 
 
 # ---- activation quantization of MXFP4 w4a4 dense linears on ROCm (docs/seed_validation.md section 44)

@@ -517,6 +517,16 @@ DYNAMIC_ACTIVATION_QUANT_FORMATS = ("mxfp4_w4a4",)
 AITER_NATIVE_EXPERT_FORMATS = ("mxfp4_w4a4",)
 
 
+# Formats vLLM on ROCm runs natively only on MX tensor cores (gfx950) and emulates elsewhere: every pass dequantizes the
+# weights and quantize-dequantizes the activations, then runs the linears in 16 bit (quark_ocp_mx.py `QuarkOCP_MX`:
+# `emulate = not current_platform.supports_mx() or ...`; quark_moe.py likewise for experts). The simulator does not
+# price that emulation, so such a deployment is refused rather than priced as if native.
+ROCM_MX_ONLY_FORMATS = ("mxfp4_w4a4",)
+_MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} layers there (weights dequantized to 16 bit "
+                "on every pass, vllm quark_ocp_mx.py / quark_moe.py), which the simulator does not price; use a "
+                "gfx950 GPU (MI355X, MI350X) or precision mxfp4 (4-bit weights, 16-bit activations) or fp8")
+
+
 def resolve_moe_backend(gpu: "GpuProfile", model: "ModelArch") -> str:
     """vLLM's own choice of fused-MoE kernels (scenario engine.moe_backend 'auto'): AITER's fused MoE for experts in
     AITER_NATIVE_EXPERT_FORMATS on a ROCm GPU with native fp4 (the MX tensor cores of gfx950), else its default
@@ -951,6 +961,8 @@ class StepCostModel:
         if moe_backend == "aiter" and not gpu.is_rocm:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
+        if gpu.is_rocm and model.weight_precision in ROCM_MX_ONLY_FORMATS and gpu.compute_dtype(model.weight_precision) != "fp4":
+            raise CapacityError(_MX_EMULATED.format(gpu=gpu.name, arch=gpu.architecture, fmt=model.weight_precision))
         self.moe_backend = resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
