@@ -501,48 +501,44 @@ QK_NORM_EXTRA_KERNELS = 2
 QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 
 
-# Dense-layer weight formats whose activations ROCm vLLM quantizes at run time in a kernel of its own before each
-# GEMM: MXFP4 weights with MXFP4 activations (AMD Quark's OCP-MX w4a4), vllm/model_executor/layers/quantization/quark/
-# schemes/quark_ocp_mx.py `gemm_with_dynamic_quant` (per_1x32_f4_quant_hip, or dynamic_mxfp4_quant on the Triton
-# path, then gemm_a4w4 / gemm_afp4wfp4; read at 039541c). basis: counted from the code, not traced. FP8 activations
-# are not counted: vLLM fuses their quantization into the RMSNorm or activation before on some paths (not settled).
-DYNAMIC_ACTIVATION_QUANT_FORMATS = ("mxfp4_w4a4",)
-
-
-# Expert formats vLLM runs natively only through AITER's fused MoE, on a GPU with MX tensor cores (CDNA4, gfx950):
-# AMD Quark's OCP-MX MXFP4 experts with MXFP4 activations. vllm/model_executor/layers/quantization/quark/quark_moe.py
-# `QuarkOCP_MX_MoEMethod`: `emulate` is False where `current_platform.supports_mx()` and the scheme is w_mxfp4*, and
-# `apply` then calls `rocm_aiter_fused_experts`; elsewhere vLLM emulates them (weights dequantized, linears in 16 bit),
-# which the simulator does not price. Earlier vLLM also required VLLM_ROCM_USE_AITER=1 for the native path.
-AITER_NATIVE_EXPERT_FORMATS = ("mxfp4_w4a4",)
-
-
-# Formats vLLM on ROCm runs natively only on MX tensor cores (gfx950) and emulates elsewhere: every pass dequantizes the
-# weights and quantize-dequantizes the activations, then runs the linears in 16 bit (quark_ocp_mx.py `QuarkOCP_MX`:
-# `emulate = not current_platform.supports_mx() or ...`; quark_moe.py likewise for experts). The simulator does not
-# price that emulation, so such a deployment is refused rather than priced as if native.
-ROCM_MX_ONLY_FORMATS = ("mxfp4_w4a4",)
+# AMD Quark's OCP-MX MXFP4 formats (4-bit weights and 4-bit activations), which vLLM on ROCm serves through
+# vllm/model_executor/layers/quantization/quark/ (read at 039541c and later):
+# - a dense linear quantizes its activations at run time in a kernel of its own before each GEMM
+#   (schemes/quark_ocp_mx.py `gemm_with_dynamic_quant`: per_1x32_f4_quant_hip, or dynamic_mxfp4_quant on the Triton path,
+#   then gemm_a4w4 / gemm_afp4wfp4; basis: counted from the code, not traced). FP8 activations are not counted: vLLM
+#   fuses their quantization into the RMSNorm or activation before on some paths (not settled);
+# - it runs natively only where `current_platform.supports_mx()` (gfx950: MX tensor cores) and emulates elsewhere, every
+#   pass dequantizing the weights and quantize-dequantizing the activations, then the linears in 16 bit (`QuarkOCP_MX`
+#   and quark_moe.py `QuarkOCP_MX_MoEMethod`: `emulate = not current_platform.supports_mx() or ...`). The simulator does
+#   not price that emulation, so such a deployment is refused rather than priced as if native;
+# - its experts run natively only through AITER's fused MoE (`QuarkOCP_MX_MoEMethod.apply` calls
+#   `rocm_aiter_fused_experts`; earlier vLLM also required VLLM_ROCM_USE_AITER=1 for that path).
+QUARK_OCP_MX_FORMATS = ("mxfp4_w4a4",)
 _MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} layers there (weights dequantized to 16 bit "
                 "on every pass, vllm quark_ocp_mx.py / quark_moe.py), which the simulator does not price; use a "
                 "gfx950 GPU (MI355X, MI350X) or precision mxfp4 (4-bit weights, 16-bit activations) or fp8")
 
 
+def emulated_on(gpu: "GpuProfile", weight_dtype: str) -> bool:
+    """Whether vLLM emulates layers of `weight_dtype` on `gpu` (QUARK_OCP_MX_FORMATS on a ROCm GPU without fp4)."""
+    return gpu.is_rocm and weight_dtype in QUARK_OCP_MX_FORMATS and gpu.compute_dtype(weight_dtype) != "fp4"
+
+
 def resolve_moe_backend(gpu: "GpuProfile", model: "ModelArch") -> str:
     """vLLM's own choice of fused-MoE kernels (scenario engine.moe_backend 'auto'): AITER's fused MoE for experts in
-    AITER_NATIVE_EXPERT_FORMATS on a ROCm GPU with native fp4 (the MX tensor cores of gfx950), else its default
-    Triton fused MoE."""
-    if (gpu.is_rocm and model.num_moe_layers and model.compute_weight_dtype in AITER_NATIVE_EXPERT_FORMATS
-            and gpu.compute_dtype(model.compute_weight_dtype) == "fp4"):
+    QUARK_OCP_MX_FORMATS on a ROCm GPU that runs them natively (gfx950), else its default Triton fused MoE."""
+    if (gpu.is_rocm and model.num_moe_layers and model.compute_weight_dtype in QUARK_OCP_MX_FORMATS
+            and not emulated_on(gpu, model.compute_weight_dtype)):
         return "aiter"
     return "triton"
 
 
 def activation_quant_kernels(model: "ModelArch") -> int:
     """Activation-quantization kernels one forward pass adds where its dense linears quantize their input at run time
-    (DYNAMIC_ACTIVATION_QUANT_FORMATS): one per quantized linear of a layer, QKV and o_proj, gate_up and down of a
+    (QUARK_OCP_MX_FORMATS): one per quantized linear of a layer, QKV and o_proj, gate_up and down of a
     dense MLP or a shared expert (`gemm_calls` without the router, which is never quantized, and the LM head, which
     Quark's MXFP4 checkpoints exclude; a linear-attention layer's projections counted as two, as there)."""
-    if model.dense_weight_dtype not in DYNAMIC_ACTIVATION_QUANT_FORMATS:
+    if model.dense_weight_dtype not in QUARK_OCP_MX_FORMATS:
         return 0
     dense, _ = gemm_calls(model)
     return dense - model.num_moe_layers - (1 if model.params_lm_head else 0)
@@ -961,7 +957,7 @@ class StepCostModel:
         if moe_backend == "aiter" and not gpu.is_rocm:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
-        if gpu.is_rocm and model.weight_precision in ROCM_MX_ONLY_FORMATS and gpu.compute_dtype(model.weight_precision) != "fp4":
+        if emulated_on(gpu, model.weight_precision):
             raise CapacityError(_MX_EMULATED.format(gpu=gpu.name, arch=gpu.architecture, fmt=model.weight_precision))
         self.moe_backend = resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from capacity.cost.step_cost import QUARK_OCP_MX_FORMATS
 from capacity.errors import CapacityError
 from capacity.fidelity.common import (FITTED_PARAMETER, ape, gpu_cost_overrides, pool_map, simulate_scenario,
                                       with_efficiency)
@@ -103,7 +104,7 @@ def plan_serving_rows(df: pd.DataFrame) -> list[ServingCase]:
             assumptions.append(f"vLLM {row.get('framework_version')} ran the V0 engine; modelled with the v1 scheduler")
         dep = {"gpu": str(row["gpu"]), "model": model, "precision": prec, "tensor_parallel_size": tp}
         engine = {}
-        if prec == "mxfp4_w4a4" and arch.num_moe_layers:
+        if prec in QUARK_OCP_MX_FORMATS and arch.num_moe_layers:
             assumptions.append(QUARK_MXFP4_MOE_ON_AITER)
         if expert_parallel:
             dep["expert_parallel"] = True

@@ -1112,8 +1112,9 @@ def moe_backend_env(gpu: Any, model: Any, backend: str, env: list[str]) -> list[
     Quark MXFP4 experts on gfx950 run AITER's kernels either way (step_cost.resolve_moe_backend)."""
     if not gpu.is_rocm or not model.num_moe_layers:
         return []
-    priced = resolve_moe_backend(gpu, model) if backend == "auto" else backend
-    if priced == "aiter" and "VLLM_ROCM_USE_AITER=1" not in env and resolve_moe_backend(gpu, model) != "aiter":
+    vllms_choice = resolve_moe_backend(gpu, model)
+    priced = vllms_choice if backend == "auto" else backend
+    if priced == "aiter" and "VLLM_ROCM_USE_AITER=1" not in env and vllms_choice != "aiter":
         return ["VLLM_ROCM_USE_AITER=1"]
     if priced == "triton" and "VLLM_ROCM_USE_AITER=1" in env:
         return ["VLLM_ROCM_USE_AITER_MOE=0"]
