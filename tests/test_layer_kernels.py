@@ -136,6 +136,22 @@ def test_mxfp4_w4a4_on_a_rocm_gpu_without_mx_tensor_cores_is_refused_in_one_line
     StepCostModel(load_gpu("H100"), m, 2)
 
 
+@pytest.mark.parametrize("precision", ["nvfp4", "nvfp4_w4a4"])
+@pytest.mark.parametrize("model", ["MiniMax-M2.5", "Llama-3.3-70B-Instruct"])
+def test_nvfp4_on_any_rocm_gpu_is_refused_in_one_line(model, precision):
+    """vLLM has no native NVFP4 kernel on ROCm: vllm/model_executor/kernels/linear/__init__.py lists one NVFP4 linear
+    kernel for PlatformEnum.ROCM, `EmulationNvFp4LinearKernel` (read at 006fc898), which dequantizes the weights to bf16
+    on every pass, and the NVFP4 fused-MoE backends are CUDA kernels or that emulation. MI355X's fp4 tensor cores take
+    OCP-MX blocks, not NVFP4's. So every AMD GPU refuses an NVFP4 deployment with the fix, and a CUDA GPU stays priced."""
+    from capacity.errors import CapacityError
+    m = load_model(model, weight_precision=precision)
+    for gpu in ("MI300X", "MI325X", "MI355X", "MI350X"):
+        with pytest.raises(CapacityError, match=rf"no NVFP4 kernel on ROCm and emulates {precision} layers .* use an MXFP4"):
+            StepCostModel(load_gpu(gpu), m, 2)
+    for gpu in ("H100", "B200"):
+        StepCostModel(load_gpu(gpu), m, 2)
+
+
 # ---- activation quantization of MXFP4 w4a4 dense linears on ROCm (docs/seed_validation.md section 44)
 # Truth: vLLM's quark_ocp_mx.py `gemm_with_dynamic_quant` runs a quantization kernel (per_1x32_f4_quant_hip or
 # dynamic_mxfp4_quant) before each w4a4 GEMM; a decoder layer has QKV and o_proj, a dense MLP gate_up and down, a

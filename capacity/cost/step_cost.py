@@ -517,11 +517,35 @@ QUARK_OCP_MX_FORMATS = ("mxfp4_w4a4",)
 _MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} layers there (weights dequantized to 16 bit "
                 "on every pass, vllm quark_ocp_mx.py / quark_moe.py), which the simulator does not price; use a "
                 "gfx950 GPU (MI355X, MI350X) or precision mxfp4 (4-bit weights, 16-bit activations) or fp8")
+# NVIDIA's NVFP4 formats (ModelOpt / compressed-tensors checkpoints: E2M1 weights in blocks of 16 with FP8 scales). vLLM
+# has no native NVFP4 kernel on ROCm, on any AMD GPU: its linear layers take the one kernel listed for the platform,
+# `EmulationNvFp4LinearKernel`, which dequantizes the whole weight to bf16 on every pass
+# (vllm/model_executor/kernels/linear/__init__.py `_POSSIBLE_NVFP4_KERNELS[PlatformEnum.ROCM]`, read at 006fc898;
+# nvfp4_emulation_utils.py `run_nvfp4_emulations`), and its NVFP4 fused-MoE backends are CUDA kernels (FlashInfer,
+# CUTLASS, Marlin) or that emulation (fused_moe/oracle/nvfp4.py `select_nvfp4_moe_backend`). MI355X's fp4 tensor cores
+# run MXFP4 (OCP-MX, blocks of 32 with E8M0 scales), not NVFP4. So an NVFP4 deployment on ROCm is refused like an
+# emulated MXFP4 one rather than priced as if native.
+NVFP4_FORMATS = ("nvfp4", "nvfp4_w4a4")
+_NVFP4_EMULATED = ("{gpu} ({arch}) is an AMD GPU: vLLM has no NVFP4 kernel on ROCm and emulates {fmt} layers there "
+                   "(weights dequantized to bf16 on every pass, vllm kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS), "
+                   "which the simulator does not price; use an MXFP4 checkpoint (precision mxfp4, or mxfp4_w4a4 on "
+                   "MI355X / MI350X) or fp8")
 
 
 def emulated_on(gpu: "GpuProfile", weight_dtype: str) -> bool:
-    """Whether vLLM emulates layers of `weight_dtype` on `gpu` (QUARK_OCP_MX_FORMATS on a ROCm GPU without fp4)."""
-    return gpu.is_rocm and weight_dtype in QUARK_OCP_MX_FORMATS and gpu.compute_dtype(weight_dtype) != "fp4"
+    """Whether vLLM emulates layers of `weight_dtype` on `gpu`: QUARK_OCP_MX_FORMATS on a ROCm GPU without fp4, and
+    NVFP4_FORMATS on any ROCm GPU."""
+    if not gpu.is_rocm:
+        return False
+    if weight_dtype in NVFP4_FORMATS:
+        return True
+    return weight_dtype in QUARK_OCP_MX_FORMATS and gpu.compute_dtype(weight_dtype) != "fp4"
+
+
+def emulation_error(gpu: "GpuProfile", weight_dtype: str) -> str:
+    """The one-line refusal for a deployment `emulated_on` this GPU, with its fix."""
+    template = _NVFP4_EMULATED if weight_dtype in NVFP4_FORMATS else _MX_EMULATED
+    return template.format(gpu=gpu.name, arch=gpu.architecture, fmt=weight_dtype)
 
 
 def resolve_moe_backend(gpu: "GpuProfile", model: "ModelArch") -> str:
@@ -958,7 +982,7 @@ class StepCostModel:
             raise CapacityError(f"engine.moe_backend 'aiter' is AMD's AITER fused MoE, which vLLM runs on AMD Instinct "
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
         if emulated_on(gpu, model.weight_precision):
-            raise CapacityError(_MX_EMULATED.format(gpu=gpu.name, arch=gpu.architecture, fmt=model.weight_precision))
+            raise CapacityError(emulation_error(gpu, model.weight_precision))
         self.moe_backend = resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);

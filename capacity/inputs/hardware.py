@@ -333,7 +333,8 @@ class GpuProfile:
             attention efficiency to its bound 1.0; with bf16 compute the fit gives 0.34 and 0.23,
             close to the measured flash-attention ratio 0.25. Spell "w4a4" (or mxfp4_w4a4) for
             checkpoints that also quantize activations: they run in "fp4" where the GPU has it (a ROCm GPU without
-            it emulates mxfp4_w4a4, which the step cost refuses: step_cost.emulated_on); "mxfp4_w4a8"
+            it emulates mxfp4_w4a4, and every ROCm GPU emulates nvfp4 / nvfp4_w4a4, which the step cost refuses:
+            step_cost.emulated_on); "mxfp4_w4a8"
             (or w4a8: 4-bit weights, 8-bit activations, e.g. vLLM's FlashInfer MXFP4 x MXFP8 MoE) runs in "fp8";
           * int4 / AWQ / GPTQ / w4a16 / w8a16 -> "bf16" (weight-only quantization).
         Unknown spellings raise CapacityError.
