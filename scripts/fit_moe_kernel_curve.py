@@ -156,7 +156,12 @@ def main() -> None:
     if args.write:
         header = ("# AITER fused-MoE kernel curves per AMD architecture (capacity/cost/step_cost.py `aiter_moe_layer_s`).\n"
                   "# Written by scripts/fit_moe_kernel_curve.py --write; do not edit by hand. A GPU takes the curve of its\n"
-                  "# architecture (hw_profiles `architecture`) with its own datasheet peaks and HBM bandwidth.\n")
+                  "# architecture (hw_profiles `architecture`) with its own datasheet peaks and HBM bandwidth.\n"
+                  "# Kernel generation (docs/seed_validation.md section 46): the tables are AITER's of 2026-06 to 2026-08. The\n"
+                  "# 2026 serving rows ran vLLM images v0.16.0-v0.19.1 (2026-02 to 2026-04). vLLM's Dockerfile.rocm_base pinned\n"
+                  "# AITER v0.1.10.post2/3 in March 2026 and v0.1.13-rc5 only from 2026-05-08; AITER's tables hold no MoE shape\n"
+                  "# of gpt-oss-120b, MiniMax-M2.5 or Kimi-K2.5 before v0.1.12 (2026-04-10, Kimi-K2's MXFP4), so those layers\n"
+                  "# ran AITER's untuned defaults and the curve is a lower bound on their time.\n")
         OUT.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True))
         print(f"wrote {OUT.relative_to(ROOT)}")
 
