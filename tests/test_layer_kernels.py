@@ -152,6 +152,24 @@ def test_nvfp4_on_any_rocm_gpu_is_refused_in_one_line(model, precision):
         StepCostModel(load_gpu(gpu), m, 2)
 
 
+@pytest.mark.parametrize("precision", ["mxfp4", "mxfp4_w4a8"])
+def test_mxfp4_dense_linears_on_a_rocm_gpu_without_mx_tensor_cores_are_refused(precision):
+    """vLLM's MXFP4 linear kernels on ROCm (vllm/model_executor/kernels/linear/__init__.py `_POSSIBLE_MXFP4_KERNELS`, read
+    at 006fc898) are AiterMxfp4LinearKernel, which `is_supported` only where `current_platform.supports_mx()` (gfx950),
+    then EmulationMxfp4LinearKernel. So a dense model in MXFP4 is emulated on MI300X / MI325X and refused there; MXFP4
+    experts are not (gpt-oss-120b's run natively on MI300X through vLLM's Triton MoE, as its InferenceX rows show), and a
+    gfx950 or CUDA GPU stays priced."""
+    from capacity.errors import CapacityError
+    dense = load_model("Llama-3.3-70B-Instruct", weight_precision=precision)
+    for gpu in ("MI300X", "MI325X"):
+        with pytest.raises(CapacityError, match=rf"no MXFP4 tensor cores: vLLM emulates {precision} layers .* use a gfx950"):
+            StepCostModel(load_gpu(gpu), dense, 1)
+        StepCostModel(load_gpu(gpu), load_model("gpt-oss-120b"), 1)                          # MXFP4 experts, bf16 dense
+        StepCostModel(load_gpu(gpu), load_model("MiniMax-M2.5", weight_precision=precision), 2)
+    for gpu in ("MI355X", "H100"):
+        StepCostModel(load_gpu(gpu), dense, 1)
+
+
 # ---- activation quantization of MXFP4 w4a4 dense linears on ROCm (docs/seed_validation.md section 44)
 # Truth: vLLM's quark_ocp_mx.py `gemm_with_dynamic_quant` runs a quantization kernel (per_1x32_f4_quant_hip or
 # dynamic_mxfp4_quant) before each w4a4 GEMM; a decoder layer has QKV and o_proj, a dense MLP gate_up and down, a

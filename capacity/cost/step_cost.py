@@ -521,7 +521,7 @@ QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 QUARK_OCP_MX_FORMATS = ("mxfp4_w4a4",)
 _MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} layers there (weights dequantized to 16 bit "
                 "on every pass, vllm quark_ocp_mx.py / quark_moe.py), which the simulator does not price; use a "
-                "gfx950 GPU (MI355X, MI350X) or precision mxfp4 (4-bit weights, 16-bit activations) or fp8")
+                "gfx950 GPU (MI355X, MI350X) or fp8")
 # NVIDIA's NVFP4 formats (ModelOpt / compressed-tensors checkpoints: E2M1 weights in blocks of 16 with FP8 scales). vLLM
 # has no native NVFP4 kernel on ROCm, on any AMD GPU: its linear layers take the one kernel listed for the platform,
 # `EmulationNvFp4LinearKernel`, which dequantizes the whole weight to bf16 on every pass
@@ -531,6 +531,12 @@ _MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} l
 # run MXFP4 (OCP-MX, blocks of 32 with E8M0 scales), not NVFP4. So an NVFP4 deployment on ROCm is refused like an
 # emulated MXFP4 one rather than priced as if native.
 NVFP4_FORMATS = ("nvfp4", "nvfp4_w4a4")
+# MXFP4 weights in a dense linear (a dense model's layers, not experts) under 16-bit or FP8 activations. vLLM's MXFP4
+# linear kernels on ROCm are `AiterMxfp4LinearKernel`, supported only where `current_platform.supports_mx()` (gfx950),
+# then `EmulationMxfp4LinearKernel` (vllm/model_executor/kernels/linear/__init__.py `_POSSIBLE_MXFP4_KERNELS`, read at
+# 006fc898; mxfp4/aiter.py `is_supported`). So on MI300X / MI325X such a linear is emulated. Experts in these formats are
+# not refused: gpt-oss-120b's MXFP4 experts run natively on MI300X through vLLM's Triton MoE (its InferenceX rows).
+MXFP4_DENSE_FORMATS = ("mxfp4", "mxfp4_w4a8")
 _NVFP4_EMULATED = ("{gpu} ({arch}) is an AMD GPU: vLLM has no NVFP4 kernel on ROCm and emulates {fmt} layers there "
                    "(weights dequantized to bf16 on every pass, vllm kernels/linear/__init__.py _POSSIBLE_NVFP4_KERNELS), "
                    "which the simulator does not price; use an MXFP4 checkpoint (precision mxfp4, or mxfp4_w4a4 on "
@@ -547,8 +553,14 @@ def emulated_on(gpu: "GpuProfile", weight_dtype: str) -> bool:
     return weight_dtype in QUARK_OCP_MX_FORMATS and gpu.compute_dtype(weight_dtype) != "fp4"
 
 
+def emulated_dense_on(gpu: "GpuProfile", dense_weight_dtype: str) -> bool:
+    """Whether vLLM emulates dense linears of `dense_weight_dtype` on `gpu` (MXFP4_DENSE_FORMATS on a ROCm GPU without
+    MX tensor cores), beyond what `emulated_on` says of the whole model's format."""
+    return gpu.is_rocm and dense_weight_dtype in MXFP4_DENSE_FORMATS and gpu.compute_dtype("mxfp4_w4a4") != "fp4"
+
+
 def emulation_error(gpu: "GpuProfile", weight_dtype: str) -> str:
-    """The one-line refusal for a deployment `emulated_on` this GPU, with its fix."""
+    """The one-line refusal for a deployment `emulated_on` (or `emulated_dense_on`) this GPU, with its fix."""
     template = _NVFP4_EMULATED if weight_dtype in NVFP4_FORMATS else _MX_EMULATED
     return template.format(gpu=gpu.name, arch=gpu.architecture, fmt=weight_dtype)
 
@@ -988,6 +1000,8 @@ class StepCostModel:
                                 f"GPUs only; {gpu.name} is not one: use auto or triton")
         if emulated_on(gpu, model.weight_precision):
             raise CapacityError(emulation_error(gpu, model.weight_precision))
+        if emulated_dense_on(gpu, model.dense_weight_dtype):
+            raise CapacityError(emulation_error(gpu, model.dense_weight_dtype))
         self.moe_backend = resolve_moe_backend(gpu, model) if moe_backend == "auto" else moe_backend
         self._layer_units = layer_overhead_units(model, gpu.kernels_per_dense_layer, self.moe_backend, gpu.is_rocm)
         # steps above this many tokens run without a graph and pay `eager_kernel_us` per kernel (module docstring);
