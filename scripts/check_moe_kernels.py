@@ -44,7 +44,7 @@ def moe_layer_us(gpu: str, model: str, precision: str, tp: int, tokens: int, per
     cost = StepCostModel(profile, arch, tp, moe_backend="aiter" if profile.is_rocm else "auto")
     eff = dict(profile.efficiency)
     if not per_token:
-        eff["moe_token_overhead_ns"] = 0.0
+        eff["moe_token_overhead_ns"] = eff["aiter_moe_token_overhead_ns"] = 0.0
     f = cost.features(np.array([tokens]), np.array([tokens]))
     return float(cost.time_parts(f, eff)["moe_gemm"]) * 1e6 / arch.num_moe_layers
 

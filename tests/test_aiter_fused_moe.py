@@ -74,11 +74,11 @@ def test_cdna4_over_cdna3_at_one_shape_is_bounded_by_the_datasheets(rows):
 
 def _moe_layer_us(gpu, precision, tp, tokens, backend="aiter", model="MiniMax-M2.5"):
     """The step cost's MoE time of one layer of `model` (MiniMax-M2.5) at `tokens` tokens (one prompt chunk), without
-    the per-routed-token time: the kernel alone."""
+    the per-routed-token times (every backend's and AITER's own, fitted to serving rows): the kernel alone."""
     profile = load_gpu(gpu)
     arch = load_model(model, weight_precision=precision)
     cost = StepCostModel(profile, arch, tp, moe_backend=backend)
-    eff = dict(profile.efficiency, moe_token_overhead_ns=0.0)
+    eff = dict(profile.efficiency, moe_token_overhead_ns=0.0, aiter_moe_token_overhead_ns=0.0)
     f = cost.features(np.array([tokens]), np.array([tokens]))
     return float(cost.time_parts(f, eff)["moe_gemm"]) * 1e6 / arch.num_moe_layers
 

@@ -107,7 +107,7 @@ def test_round_trip_recovers_the_known_parameters(result_files, tmp_path, capsys
     assert set(res["fitted_keys"]) == {"gemm", "hbm", "attention", "step_overhead_ms", "per_seq_overhead_us",
                                        "request_overhead_ms", "prompt_token_overhead_us", "eager_kernel_us"}
     assert set(res["not_fitted"]) == {"moe", "moe_int4", "attention_triton", "allreduce", "layer_overhead_us",
-                                     "moe_token_overhead_ns"}
+                                     "moe_token_overhead_ns", "aiter_moe_token_overhead_ns"}
     for key in res["fitted_keys"]:
         assert res["fitted"][key] == pytest.approx(known[key], rel=0.05), key
     # the written profile is one a scenario can name by path, and it says what it was fitted on

@@ -86,7 +86,7 @@ def test_every_leaf_has_a_source_or_is_labelled_assumed(name):
     # a profile that states no `attention_triton` gets one that follows its `attention`, and optional terms at 0 (hardware.py)
     stated = {key for key, _ in leaves} | set(transferred)
     follows = [k for k in ("efficiency.attention_triton", "efficiency.moe_token_overhead_ns",
-                                           "efficiency.eager_kernel_us") if k not in stated]
+                           "efficiency.aiter_moe_token_overhead_ns", "efficiency.eager_kernel_us") if k not in stated]
     assert sorted(profile.provenance) == sorted([key for key, _ in leaves] + transferred + follows)
 
 
@@ -479,7 +479,8 @@ def test_transferred_efficiencies_are_the_siblings_and_the_datasheet_is_its_own(
             # the sibling states none: this profile's follows its own (transferred) `attention`
             assert record.basis == "assumed" and gpu.efficiency[key] == gpu.efficiency["attention"], name
             continue
-        if key in ("moe_token_overhead_ns", "eager_kernel_us") and sib.provenance[f"efficiency.{key}"].basis == "assumed":
+        if (key in ("moe_token_overhead_ns", "aiter_moe_token_overhead_ns", "eager_kernel_us")
+                and sib.provenance[f"efficiency.{key}"].basis == "assumed"):
             assert record.basis == "assumed" and gpu.efficiency[key] == 0.0, name
             continue
         assert record.basis.startswith(f"transferred from {sibling} ("), (name, key)

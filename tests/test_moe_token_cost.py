@@ -96,3 +96,34 @@ def test_on_the_compute_side_a_weight_bound_step_hides_it(monkeypatch):
     assert moe(with_cost, 1) == pytest.approx(moe(base, 1), rel=1e-12)
     expected = 10e-9 * 16384 * model.experts_per_token * model.num_moe_layers
     assert moe(with_cost, 16384) - moe(base, 16384) == pytest.approx(expected, rel=1e-9)
+
+
+# ---- `aiter_moe_token_overhead_ns`: the same form, paid only by a step on AITER's fused MoE (docs section 46: the
+# rows' images ran AITER's untuned defaults for these models' MoE shapes, which the kernel curve does not describe)
+
+def _moe_on(gpu, model, tp, backend):
+    return StepCostModel(gpu, model, tp, moe_backend=backend).forward([TOKENS], [TOKENS]).parts_s.get("moe_gemm", 0.0)
+
+
+def test_the_aiter_per_token_time_is_paid_on_aiters_moe_only_and_at_every_tp_size():
+    model = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="fp8")
+    base = load_gpu("MI300X").with_overrides(efficiency={"aiter_moe_token_overhead_ns": 0.0})
+    with_cost = base.with_overrides(efficiency={"aiter_moe_token_overhead_ns": 500.0})
+    expected = 500e-9 * TOKENS * model.experts_per_token * model.num_moe_layers
+    for tp in (1, 2, 8):
+        assert _moe_on(with_cost, model, tp, "aiter") - _moe_on(base, model, tp, "aiter") == pytest.approx(expected,
+                                                                                                          rel=1e-9)
+        assert _moe_on(with_cost, model, tp, "triton") == _moe_on(base, model, tp, "triton")     # Triton's MoE: none
+    dense = load_model("meta-llama/Llama-3.3-70B-Instruct", weight_precision="fp8")
+    assert (StepCostModel(with_cost, dense, 2).forward([TOKENS], [TOKENS]).total_s
+            == StepCostModel(base, dense, 2).forward([TOKENS], [TOKENS]).total_s)
+
+
+def test_the_aiter_per_token_time_adds_to_the_every_backend_one():
+    model = load_model("MiniMaxAI/MiniMax-M2.5", weight_precision="fp8")
+    none = load_gpu("MI355X").with_overrides(efficiency={"moe_token_overhead_ns": 0.0, "aiter_moe_token_overhead_ns": 0.0})
+    both = none.with_overrides(efficiency={"moe_token_overhead_ns": 300.0, "aiter_moe_token_overhead_ns": 200.0})
+    expected = 500e-9 * TOKENS * model.experts_per_token * model.num_moe_layers
+    assert _moe_on(both, model, 2, "aiter") - _moe_on(none, model, 2, "aiter") == pytest.approx(expected, rel=1e-9)
+    assert (_moe_on(both, model, 2, "triton") - _moe_on(none, model, 2, "triton")
+            == pytest.approx(expected * 300 / 500, rel=1e-9))

@@ -184,11 +184,6 @@ MOE_TOKEN_COST_SPLIT_BY_EP = False
 # token's row) that the weight stream of a bandwidth-bound step covers. A screening switch
 # (scripts/screen_cost_terms.py --variant "NAME=GPU;MOE_TOKEN_COST_COMPUTE_SIDE=True").
 MOE_TOKEN_COST_COMPUTE_SIDE = False
-# Which fused-MoE kernels pay the per-routed-token MoE time (`moe_token_overhead_ns`): False (shipped) every backend;
-# True only AITER's fused MoE, as the extra time of the untuned defaults the rows' images ran for these models' shapes
-# (capacity/data/moe_kernel_curves.yaml header; docs/seed_validation.md section 46), Triton's fused MoE none. A
-# screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;MOE_TOKEN_COST_AITER_ONLY=True").
-MOE_TOKEN_COST_AITER_ONLY = False
 # The architectures (GpuProfile.architecture) on which a step on AITER's fused MoE (`engine.moe_backend: aiter`) prices
 # its experts from the measured kernel curve (capacity/data/moe_kernel_curves.yaml, `aiter_moe_layer_s`: nothing fitted
 # to serving rows) instead of `gemm` x `moe` and `moe` x `hbm`: those whose shipped profiles were fitted with it
@@ -1231,8 +1226,11 @@ class StepCostModel:
                 if self.ep > 1:
                     flops_s, bytes_s = self._busiest_expert_gpu(flops_s, bytes_s, n_tok, experts)
             per_token = eff.get("moe_token_overhead_ns", 0.0)
-            if MOE_TOKEN_COST_AITER_ONLY and self.moe_backend != "aiter":
-                per_token = 0.0
+            if self.moe_backend == "aiter":
+                # AITER's fused MoE beyond its kernel curve (`aiter_moe_token_overhead_ns`): the untuned defaults that
+                # the rows' images ran for these models' shapes (capacity/data/moe_kernel_curves.yaml header;
+                # docs/seed_validation.md section 46)
+                per_token = per_token + eff.get("aiter_moe_token_overhead_ns", 0.0)
             token_s = 0.0
             if per_token:
                 # work every TP rank repeats for every token and each expert it is routed to, in each MoE layer

@@ -75,7 +75,8 @@ from capacity.sim.simulate import has_request_delay, request_delays_s
 # shows. basis: those sources for the range; the bound itself assumed. A fit on it is reported as failed.
 PROMPT_TOKEN_OVERHEAD_MAX_US = 30.0
 FITTED_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms", "per_seq_overhead_us",
-               "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us", "moe_token_overhead_ns", "eager_kernel_us")
+               "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us", "moe_token_overhead_ns", "aiter_moe_token_overhead_ns",
+               "eager_kernel_us")
 # Host time per kernel of a step that replays no graph (step_cost module docstring): 0 to EAGER_KERNEL_MAX_US.
 # basis: assumed (an order of magnitude, not measured here): a PyTorch eager op's dispatch and launch ~5-20 us on a server CPU, a kernel launched
 # from Inductor's wrapper less; 100 us per kernel would make a 60-layer model's prompt step 0.1-0.2 s of host time.
@@ -85,18 +86,18 @@ BOUNDS = {"gemm": (0.02, 1.0), "moe": (0.02, 1.0), "moe_int4": (0.01, 1.0), "hbm
           "attention_triton": (0.01, 1.0), "allreduce": (0.02, 1.0), "step_overhead_ms": (0.0, 30.0), "per_seq_overhead_us": (0.0, 500.0),
           "layer_overhead_us": (0.0, 2000.0), "request_overhead_ms": (0.0, 500.0),
           "prompt_token_overhead_us": (0.0, PROMPT_TOKEN_OVERHEAD_MAX_US), "moe_token_overhead_ns": (0.0, 5000.0),
-          "eager_kernel_us": (0.0, EAGER_KERNEL_MAX_US)}
+          "aiter_moe_token_overhead_ns": (0.0, 5000.0), "eager_kernel_us": (0.0, EAGER_KERNEL_MAX_US)}
 FIT_METRICS = ("output_tok_s_per_gpu", "ttft_ms", "tpot_ms")
 # the ratio to the measurement a non-positive re-priced prediction counts as in the fit's residuals (`_residuals`):
 # log(1e-6) = -13.8, far beyond any real error, so the optimiser leaves that region instead of failing on log(<= 0)
 NONPOSITIVE_PREDICTION_RATIO = 1e-6
 # Fitted only when asked for (`--fit KEY`) or where the profile already has a nonzero value: terms some profiles ship
 # (H100, H200) and others do not (docs/seed_validation.md sections 31-32).
-OPT_IN_KEYS = ("moe_token_overhead_ns", "eager_kernel_us")
+OPT_IN_KEYS = ("moe_token_overhead_ns", "aiter_moe_token_overhead_ns", "eager_kernel_us")
 # How close to its lower bound a fitted value counts as on it: overheads (floor 0) within 1e-3 of their unit
 # (a nanosecond-scale host time is no time), fractions within 0.1 % of their floor
 FLOOR_TOLERANCE = {"step_overhead_ms": 1e-6, "per_seq_overhead_us": 1e-3, "layer_overhead_us": 1e-3, "moe_token_overhead_ns": 1e-3,
-                   "eager_kernel_us": 1e-3,
+                   "aiter_moe_token_overhead_ns": 1e-3, "eager_kernel_us": 1e-3,
                    "request_overhead_ms": 1e-6, "prompt_token_overhead_us": 1e-3}
 F_SCALE = 0.1   # soft-L1 scale of the log errors: beyond ~10 % a row's pull grows linearly, not quadratically
 # A second, neutral starting point for the fit (least squares on a roofline has local minima):
@@ -133,7 +134,8 @@ PRIOR_KEYS = ("gemm", "hbm", "attention", "allreduce")
 NEUTRAL_START = {"gemm": 0.5, "moe": 0.5, "moe_int4": 0.5, "hbm": 0.7, "attention": 0.3, "attention_triton": 0.3, "allreduce": 0.5,
                  "step_overhead_ms": 1.0,
                  "per_seq_overhead_us": 10.0, "layer_overhead_us": 10.0, "request_overhead_ms": 20.0,
-                 "prompt_token_overhead_us": 2.0, "moe_token_overhead_ns": 100.0, "eager_kernel_us": 10.0}
+                 "prompt_token_overhead_us": 2.0, "moe_token_overhead_ns": 100.0, "aiter_moe_token_overhead_ns": 100.0,
+                 "eager_kernel_us": 10.0}
 
 
 @dataclass
@@ -439,6 +441,8 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         why["moe"] = "no MoE model with fp8/fp4/bf16 experts in the runs"
     if not moe_keys:
         why["moe_token_overhead_ns"] = "no MoE model in the runs"
+    if not any(p.cost.model.num_moe_layers and p.cost.moe_backend == "aiter" for p in pricers):
+        why["aiter_moe_token_overhead_ns"] = "no run of a MoE model on AITER's fused MoE"
     if not all(getattr(p.cost, "_kernels_per_pass", 0) for p in pricers):
         why["eager_kernel_us"] = "the profile counts no kernels per layer (kernels_per_dense_layer)"
     if "moe_int4" not in moe_keys:
@@ -465,7 +469,8 @@ def identifiable_keys(pricers: list[Repricer], start: dict[str, float],
         # a fraction by 10 %; an overhead by at least a fixed step, so that one already fitted to about 0
         # (3e-20 ms) is still tested (a 10 % change of nothing moves nothing)
         step = {"step_overhead_ms": 0.5, "request_overhead_ms": 5.0, "prompt_token_overhead_us": 2.0,
-                "moe_token_overhead_ns": 100.0, "eager_kernel_us": 5.0}.get(k, 5.0)
+                "moe_token_overhead_ns": 100.0, "aiter_moe_token_overhead_ns": 100.0,
+                "eager_kernel_us": 5.0}.get(k, 5.0)
         x[i] = x0[i] * 1.1 if k in FRACTION_EFFICIENCY_KEYS else x0[i] + max(0.1 * x0[i], step)
         if np.linalg.norm(_residuals(x, tuple(keys), start, pricers, metrics) - r0) < 1e-3:
             why[k] = "no fitted metric of these runs moves when it changes"

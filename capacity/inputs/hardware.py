@@ -34,7 +34,7 @@ from capacity.inputs import safe_yaml
 
 EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce", "step_overhead_ms",
                    "per_seq_overhead_us", "layer_overhead_us", "request_overhead_ms", "prompt_token_overhead_us",
-                   "moe_token_overhead_ns", "eager_kernel_us",
+                   "moe_token_overhead_ns", "aiter_moe_token_overhead_ns", "eager_kernel_us",
                    "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
@@ -114,6 +114,8 @@ _TRITON_ATTENTION_DEFAULT = ("no separate measurement: the `attention` value (th
                              "calibrated where rows of a model with attention sinks on this GPU exist")
 _MOE_TOKEN_DEFAULT = ("none: a TP-independent cost per routed token (token x expert) of MoE layers is not assumed "
                       "unless calibrated")
+_AITER_MOE_TOKEN_DEFAULT = ("none: no time per routed token of AITER's fused MoE beyond its kernel curve is assumed "
+                            "unless calibrated")
 _EAGER_KERNEL_DEFAULT = ("none: a host time per kernel of a step too large for vLLM's captured graphs is not assumed "
                          "unless calibrated")
 FITTED_SOURCE = "capacity calibrate"
@@ -147,6 +149,7 @@ _EXPECTED_UNIT = {
     "efficiency.request_overhead_ms": "ms",
     "efficiency.prompt_token_overhead_us": "us",
     "efficiency.moe_token_overhead_ns": "ns",
+    "efficiency.aiter_moe_token_overhead_ns": "ns",
     "efficiency.eager_kernel_us": "us",
     "efficiency.hbm": "fraction",
     "efficiency.attention": "fraction",
@@ -662,6 +665,7 @@ class _EfficiencyModel(BaseModel):
     request_overhead_ms: _LeafModel
     prompt_token_overhead_us: _LeafModel
     moe_token_overhead_ns: _LeafModel | None = None   # optional: absent = 0 (_MOE_TOKEN_DEFAULT)
+    aiter_moe_token_overhead_ns: _LeafModel | None = None   # optional: absent = 0 (_AITER_MOE_TOKEN_DEFAULT)
     eager_kernel_us: _LeafModel | None = None   # optional: absent = 0 (_EAGER_KERNEL_DEFAULT)
     spec_seq_overhead_us: _LeafModel
     spec_token_overhead_us: _LeafModel
@@ -889,7 +893,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
                  "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
-        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT, _EAGER_KERNEL_DEFAULT):
+        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT, _AITER_MOE_TOKEN_DEFAULT, _EAGER_KERNEL_DEFAULT):
             continue            # no value of its own on the sibling: this profile's follows its own `attention`
         value, note = old.value, " ".join(transfer.reason.split())
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
@@ -977,7 +981,7 @@ def _check_values(provenance: Mapping[str, Sourced], where: str, check_units: bo
                 fail(key, f"must be >= 0 (W_half in GFLOP), got {value:g}")
         elif key in ("efficiency.step_overhead_ms", "efficiency.per_seq_overhead_us", "efficiency.layer_overhead_us",
                      "efficiency.request_overhead_ms", "efficiency.prompt_token_overhead_us", "efficiency.moe_token_overhead_ns",
-                     "efficiency.eager_kernel_us", "efficiency.spec_seq_overhead_us",
+                     "efficiency.aiter_moe_token_overhead_ns", "efficiency.eager_kernel_us", "efficiency.spec_seq_overhead_us",
                      "efficiency.spec_token_overhead_us",
                      "scaleup_latency_us", "gemm_call_us",
                      "cost_per_gpu_hour_usd"):
@@ -1002,6 +1006,9 @@ def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, 
     if "efficiency.moe_token_overhead_ns" not in out and "efficiency.attention" in out:
         out["efficiency.moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_MOE_TOKEN_DEFAULT,
                                                           unit="ns", note="the profile states none")
+    if "efficiency.aiter_moe_token_overhead_ns" not in out and "efficiency.attention" in out:
+        out["efficiency.aiter_moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_AITER_MOE_TOKEN_DEFAULT,
+                                                                unit="ns", note="the profile states none")
     if "efficiency.eager_kernel_us" not in out and "efficiency.attention" in out:
         out["efficiency.eager_kernel_us"] = Sourced(value=0.0, basis="assumed", source=_EAGER_KERNEL_DEFAULT,
                                                     unit="us", note="the profile states none")
@@ -1098,7 +1105,8 @@ def _yaml_document(name: str, vendor: str, architecture: str, provenance: Mappin
             document[key] = leaf(key)
     document["measured"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("measured.")}
     document["efficiency"] = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("efficiency.")
-                              and provenance[k].source not in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT)}
+                              and provenance[k].source not in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT,
+                                                                             _AITER_MOE_TOKEN_DEFAULT)}
     curve = {k.split(".", 1)[1]: leaf(k) for k in keys if k.startswith("gemm_curve.")}
     if curve:
         document["gemm_curve"] = curve
