@@ -515,7 +515,8 @@ QK_NORM_ALLREDUCE_BYTES_PER_TOKEN = 2 * 4
 #   `rocm_aiter_fused_experts`; earlier vLLM also required VLLM_ROCM_USE_AITER=1 for that path).
 QUARK_OCP_MX_FORMATS = ("mxfp4_w4a4",)
 _MX_EMULATED = ("{gpu} ({arch}) has no MXFP4 tensor cores: vLLM emulates {fmt} layers there (weights dequantized to 16 bit "
-                "on every pass, vllm quark_ocp_mx.py / quark_moe.py), which the simulator does not price; use a "
+                "on every pass, vllm quark_ocp_mx.py / quark_moe.py, kernels/linear/__init__.py _POSSIBLE_MXFP4_KERNELS), "
+                "which the simulator does not price; use a "
                 "gfx950 GPU (MI355X, MI350X) or fp8")
 # NVIDIA's NVFP4 formats (ModelOpt / compressed-tensors checkpoints: E2M1 weights in blocks of 16 with FP8 scales). vLLM
 # has no native NVFP4 kernel on ROCm, on any AMD GPU: its linear layers take the one kernel listed for the platform,
