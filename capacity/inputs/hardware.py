@@ -118,6 +118,10 @@ _AITER_MOE_TOKEN_DEFAULT = ("none: no time per routed token of AITER's fused MoE
                             "unless calibrated")
 _EAGER_KERNEL_DEFAULT = ("none: a host time per kernel of a step too large for vLLM's captured graphs is not assumed "
                          "unless calibrated")
+# The optional efficiency entries that are 0 where a profile states none: {key: (unit, source of that default)}
+_ZERO_DEFAULTS = {"moe_token_overhead_ns": ("ns", _MOE_TOKEN_DEFAULT),
+                  "aiter_moe_token_overhead_ns": ("ns", _AITER_MOE_TOKEN_DEFAULT),
+                  "eager_kernel_us": ("us", _EAGER_KERNEL_DEFAULT)}
 FITTED_SOURCE = "capacity calibrate"
 
 _SCHEMA_HINT = "schema: hw_profiles/README.md"
@@ -893,7 +897,7 @@ def _transferred_efficiency(name: str, architecture: str, transfer: _FamilyTrans
                  "matched rows where HBM differs 1.43x; GpuProfile.expert_stream_bw_tb_s). The rate is capped at this GPU's own HBM.")
     for key in EFFICIENCY_KEYS:
         old = sibling.provenance[f"efficiency.{key}"]
-        if old.source in (_TRITON_ATTENTION_DEFAULT, _MOE_TOKEN_DEFAULT, _AITER_MOE_TOKEN_DEFAULT, _EAGER_KERNEL_DEFAULT):
+        if old.source == _TRITON_ATTENTION_DEFAULT or old.source in (src for _, src in _ZERO_DEFAULTS.values()):
             continue            # no value of its own on the sibling: this profile's follows its own `attention`
         value, note = old.value, " ".join(transfer.reason.split())
         scaled = None if (key == "gemm" and curve) else _measured_scale(key, own, sibling)
@@ -1003,15 +1007,10 @@ def _with_optional_efficiencies(provenance: Mapping[str, Sourced]) -> dict[str, 
     `attention_triton` at the `attention` value where the profile gives none (or gave none before an override or a
     refit of `attention`): an entry that follows `attention` until one is stated."""
     out = dict(provenance)
-    if "efficiency.moe_token_overhead_ns" not in out and "efficiency.attention" in out:
-        out["efficiency.moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_MOE_TOKEN_DEFAULT,
-                                                          unit="ns", note="the profile states none")
-    if "efficiency.aiter_moe_token_overhead_ns" not in out and "efficiency.attention" in out:
-        out["efficiency.aiter_moe_token_overhead_ns"] = Sourced(value=0.0, basis="assumed", source=_AITER_MOE_TOKEN_DEFAULT,
-                                                                unit="ns", note="the profile states none")
-    if "efficiency.eager_kernel_us" not in out and "efficiency.attention" in out:
-        out["efficiency.eager_kernel_us"] = Sourced(value=0.0, basis="assumed", source=_EAGER_KERNEL_DEFAULT,
-                                                    unit="us", note="the profile states none")
+    for key, (unit, source) in _ZERO_DEFAULTS.items():
+        if f"efficiency.{key}" not in out and "efficiency.attention" in out:
+            out[f"efficiency.{key}"] = Sourced(value=0.0, basis="assumed", source=source, unit=unit,
+                                               note="the profile states none")
     record, attention = out.get("efficiency.attention_triton"), out.get("efficiency.attention")
     if attention is not None and (record is None or record.source == _TRITON_ATTENTION_DEFAULT):
         out["efficiency.attention_triton"] = Sourced(
