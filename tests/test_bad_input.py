@@ -341,6 +341,16 @@ def test_plan_section_errors_name_the_key(capsys):
             "num_speculative_tokens")
 
 
+def test_plan_refuses_an_unknown_gpu_or_model_before_it_searches(capsys):
+    """A name nothing knows is bad input: one line at once (no search progress first), not 'no candidate meets the
+    SLOs' after screening every candidate."""
+    for setting, word in (('plan.search.gpu=["MI300X", "MI999"]', "unknown GPU 'MI999'"),
+                          ("deployment.model=nonexistent/model", "unknown model 'nonexistent/model'")):
+        rc, err, _ = run(["plan", "--set", setting], capsys)
+        assert rc == 2 and len(err) == 1 and err[0].startswith("capacity: error: " + word), err
+        assert "no candidate meets" not in err[0]
+
+
 # ---------------------------------------------------------------- the text summary
 def test_summary_with_metrics_missing(capsys):
     """A horizon so short that nothing finishes: the summary prints '-' for what it cannot compute."""

@@ -340,6 +340,11 @@ def _setup(scenario_name: str | None, overrides: list[str] | None) -> _Setup:
     except ValidationError as e:
         raise CapacityError(scenario_mod.one_line(e, f"{path}: plan")) from None
     sc0 = scenario_mod.from_dict({k: v for k, v in base.items() if k != "plan"}, str(path))
+    # a name nothing knows is bad input, said at once, not an infeasible candidate found after the search
+    for gpu in cfg.search.gpu:
+        load_gpu(gpu)
+    d = sc0.deployment
+    load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
     if not sc0.slo:
         raise CapacityError(f"{path}: a plan needs SLOs: set slo: 'ttft:p99<1s;tpot:p90<25ms'")
     slos = parse_slos(sc0.slo)
