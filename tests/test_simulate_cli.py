@@ -97,6 +97,9 @@ def test_json_reruns_are_byte_identical(capsys, tmp_path):
     (["simulate", "--set", "traffic.arrival.rate_rps=-1"], "rate_rps"),
     (["simulate", "--set", "deployment.model=meta-llama/Llama-3.1-405B", "--set", "speculative.method=none"], "does not fit"),
     (["simulate", "no/such/scenario.yaml"], "not found"),
+    # vLLM: "Total number of attention heads (32) must be divisible by tensor parallel size (3)" (vllm/config/model.py
+    # ModelConfig.verify_with_parallel_config); gemma-4-31B-it has 32 heads (its config.json)
+    (["simulate", "--set", "deployment.tensor_parallel_size=3"], "32 attention heads"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert main(args) == 2
