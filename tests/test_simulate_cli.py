@@ -100,6 +100,9 @@ def test_json_reruns_are_byte_identical(capsys, tmp_path):
     # vLLM: "Total number of attention heads (32) must be divisible by tensor parallel size (3)" (vllm/config/model.py
     # ModelConfig.verify_with_parallel_config); gemma-4-31B-it has 32 heads (its config.json)
     (["simulate", "--set", "deployment.tensor_parallel_size=3"], "32 attention heads"),
+    # one MI300X server is 8 GPUs on xGMI (hw_profiles/MI300X.yaml scaleup_world_size): TP16 would cross servers
+    (["simulate", "--set", "deployment.tensor_parallel_size=16"], "more than one scale-up domain"),
+    (["validate", "--gpu", "MI999"], "unknown GPU 'MI999'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert main(args) == 2

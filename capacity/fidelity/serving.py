@@ -22,7 +22,7 @@ from capacity.errors import CapacityError
 from capacity.fidelity.common import error_table, pool_map
 from capacity.fidelity.spec_serving import SERVING_SOURCE_PREFIX, predict_serving_rows
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import list_gpus
+from capacity.inputs.hardware import list_gpus, load_gpu
 from capacity.measurements.row_scenario import (LOAD_NOT_STATED, NOTHING_TO_PREDICT, PROMPTS_PER_USER,
                                                 SPEC_WITHOUT_ACCEPTANCE, row_scenario, row_stream)
 from capacity.measurements.schemas import REPORTED, default_serving_file, read_measurements
@@ -130,6 +130,11 @@ def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None =
             gpus = calibrated_gpus()
         if gpus and gpus != ["all"]:
             wanted = {g.upper() for g in gpus}
+            # a name that is neither a measured GPU nor a profile is a typo, not a GPU without rows
+            measured = set(rows["gpu"].astype(str).str.upper())
+            for g in gpus:
+                if g.upper() not in measured:
+                    load_gpu(g)
             rows = rows[rows["gpu"].str.upper().isin(wanted)].reset_index(drop=True)
     records = rows.to_dict(orient="records")
     if max_rows is not None:

@@ -65,6 +65,10 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
         gpu = gpu.with_overrides(**d.gpu_overrides)
     model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
     tp = d.tensor_parallel_size
+    if tp > gpu.scaleup_world_size:
+        raise CapacityError(f"deployment.tensor_parallel_size {tp} spans more than one scale-up domain of {gpu.name} "
+                            f"({gpu.scaleup_world_size} GPUs): tensor parallelism across servers is not modelled; use "
+                            f"at most {gpu.scaleup_world_size} and more replicas")
     if model.num_attention_heads % tp:
         # vLLM's own check (vllm/config/model.py `ModelConfig.verify_with_parallel_config`): every rank holds a whole
         # number of attention heads
