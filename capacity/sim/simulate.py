@@ -72,8 +72,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     if model.num_attention_heads % tp:
         # vLLM's own check (vllm/config/model.py `ModelConfig.verify_with_parallel_config`): every rank holds a whole
         # number of attention heads
-        sizes = ", ".join(str(n) for n in range(1, model.num_attention_heads + 1)
-                          if model.num_attention_heads % n == 0 and n <= 64)
+        sizes = ", ".join(str(n) for n in range(1, gpu.scaleup_world_size + 1) if model.num_attention_heads % n == 0)
         raise CapacityError(f"{d.model} has {model.num_attention_heads} attention heads, which "
                             f"deployment.tensor_parallel_size {tp} does not divide (vLLM refuses it); use one of {sizes}")
     if d.expert_parallel and not model.num_moe_layers:
