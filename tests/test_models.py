@@ -478,8 +478,10 @@ def test_unknown_model_message() -> None:
         load_model("Llama-9-1T")
     msg = str(err.value)
     assert "\n" not in msg
-    assert msg.startswith("unknown model 'Llama-9-1T'; known models: ")
-    assert "Qwen/Qwen3-8B" in msg and msg.endswith("or pass the path of a Hugging Face config.json")
+    assert msg.startswith("unknown model 'Llama-9-1T'; closest known: meta-llama/Llama-3.1-8B")
+    assert "`capacity models` lists all" in msg and msg.endswith("or pass the path of a Hugging Face config.json")
+    assert len(msg) < 300                                     # the names that look like it, not all of them
+    assert "closest" not in str(pytest.raises(CapacityError, load_model, "zzzz").value)
     with pytest.raises(CapacityError, match="does not exist"):
         load_model("/nonexistent/config.json")
 

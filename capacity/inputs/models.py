@@ -68,6 +68,7 @@ the weights). Bytes per parameter including block scales are in `WEIGHT_FORMATS`
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -1415,8 +1416,12 @@ def load_model(name_or_path: str, weight_precision: str | None = None, kv_dtype:
         return _load_file(Path(shipped), weight_precision, kv_dtype)
     if str(name_or_path).endswith(".json"):
         raise CapacityError(f"model config file '{name_or_path}' does not exist; check the path")
-    known = ", ".join(sorted(_shipped_index()[1], key=str.lower))
-    raise CapacityError(f"unknown model '{name_or_path}'; known models: {known}; "
+    names = sorted(_shipped_index()[1], key=str.lower)
+    forms = {**{n.lower(): n for n in names}, **{n.split("/")[-1].lower(): n for n in names}}   # id, or name after "/"
+    asked = str(name_or_path).strip().lower()
+    close = list(dict.fromkeys(forms[f] for f in difflib.get_close_matches(asked, list(forms), n=6, cutoff=0.5)))[:3]
+    hint = f"closest known: {', '.join(close)}; " if close else ""
+    raise CapacityError(f"unknown model '{name_or_path}'; {hint}`capacity models` lists all {len(names)} known ones; "
                         f"or pass the path of a Hugging Face config.json")
 
 
