@@ -103,6 +103,7 @@ def test_json_reruns_are_byte_identical(capsys, tmp_path):
     # one MI300X server is 8 GPUs on xGMI (hw_profiles/MI300X.yaml scaleup_world_size): TP16 would cross servers
     (["simulate", "--set", "deployment.tensor_parallel_size=16"], "more than one scale-up domain"),
     (["validate", "--gpu", "MI999"], "unknown GPU 'MI999'"),
+    (["validate", "--gpu", "MI325X"], "efficiencies are MI300X's"),    # a transferred profile: no rows of its own
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert main(args) == 2

@@ -23,6 +23,7 @@ from capacity.fidelity.common import error_table, pool_map
 from capacity.fidelity.spec_serving import SERVING_SOURCE_PREFIX, predict_serving_rows
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import list_gpus, load_gpu
+from capacity.inputs.step_cost_fidelity import transferred_from
 from capacity.measurements.row_scenario import (LOAD_NOT_STATED, NOTHING_TO_PREDICT, PROMPTS_PER_USER,
                                                 SPEC_WITHOUT_ACCEPTANCE, row_scenario, row_stream)
 from capacity.measurements.schemas import REPORTED, default_serving_file, read_measurements
@@ -117,6 +118,16 @@ def calibrated_gpus() -> list[str]:
             if any(g.provenance[f"efficiency.{k}"].basis == "fitted" for k in g.efficiency)]
 
 
+def _sibling_hint(gpus: list[str]) -> str:
+    """'; its efficiencies are X's (...)' for a GPU whose profile carries a sibling's fit, else ''."""
+    for g in gpus:
+        sibling = transferred_from(load_gpu(g))
+        if sibling:
+            return (f"; {load_gpu(g).name}'s efficiencies are {sibling}'s (family transfer): "
+                    f"`capacity validate --gpu {sibling}` checks them")
+    return ""
+
+
 def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None = None,
         progress: bool = True, gpu_overrides: dict | None = None,
         prompts_per_user: int = PROMPTS_PER_USER, rows: pd.DataFrame | None = None,
@@ -136,6 +147,8 @@ def run(files: list[str] | None = None, workers: int = 2, max_rows: int | None =
                 if g.upper() not in measured:
                     load_gpu(g)
             rows = rows[rows["gpu"].str.upper().isin(wanted)].reset_index(drop=True)
+            if rows.empty:
+                raise CapacityError(f"no shipped serving rows for {', '.join(gpus)}: nothing to validate{_sibling_hint(gpus)}")
     records = rows.to_dict(orient="records")
     if max_rows is not None:
         modelled = [i for i, r in enumerate(records) if row_scenario(r)[0] is not None][:max_rows]
