@@ -120,10 +120,10 @@ def calibrated_gpus() -> list[str]:
 
 def _sibling_hint(gpus: list[str]) -> str:
     """'; its efficiencies are X's (...)' for a GPU whose profile carries a sibling's fit, else ''."""
-    for g in gpus:
-        sibling = transferred_from(load_gpu(g))
+    for profile in map(load_gpu, gpus):
+        sibling = transferred_from(profile)
         if sibling:
-            return (f"; {load_gpu(g).name}'s efficiencies are {sibling}'s (family transfer): "
+            return (f"; {profile.name}'s efficiencies are {sibling}'s (family transfer): "
                     f"`capacity validate --gpu {sibling}` checks them")
     return ""
 
