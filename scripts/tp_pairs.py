@@ -1,6 +1,6 @@
-"""Fixed time and streamed bytes of a decode step, read from two TP sizes of one measured series.
+"""Fixed time and streamed bytes of a decode step (or a prompt's prefill), read from two TP sizes of one measured series.
 
-    python scripts/tp_pairs.py MI355X [--users 4] [--profile hw_profiles/MI355X.yaml]
+    python scripts/tp_pairs.py MI355X [--users 4] [--profile hw_profiles/MI355X.yaml] [--prefill]
 
 At a few users a decode step is fixed time F (the layer kernels' fixed cost, per step) plus the weight and KV
 bytes B that tensor parallelism divides, plus the all-reduces A(TP): TPOT(TP) ~ F + B / TP + A(TP). Two TP sizes
@@ -10,6 +10,13 @@ decode context). Beside them the model's own F (the "overhead" part) and B (the 
 terms), so a fixed cost counted from structure can be checked against the rows without a fit
 (docs/seed_validation.md section 34). Rows: the shipped calibration rows of the GPU
 (capacity/data/measurements/serving_vllm.csv). Run by hand; not part of the tests.
+
+With --prefill the same reading is made of TTFT at a few users: TTFT(TP) ~ F + W / TP + A(TP), F now the part of a
+prompt's time TP does not divide (the request delay, the fixed costs of its step, anything every rank repeats for
+every token), W the work TP divides (GEMMs, attention), A(TP) the prompt step's all-reduces from the step-cost model.
+The model's own F and W are solved the same way from its two prefill steps of the row's prompt (`time_parts` of isl
+new tokens, plus its request delay); queueing behind other users' steps is in the measured TTFT and not in the model's columns, so read
+the two F columns for their trend with the prompt length, not their level (docs/seed_validation.md section 48).
 """
 
 from __future__ import annotations
@@ -30,18 +37,25 @@ from capacity.sim import simulate
 SERIES = ["model", "precision", "date", "framework_version", "isl", "osl"]
 
 
-def modelled(row: dict, users: int, profile: str) -> dict[str, float] | None:
-    """The model's decode step of `row`'s deployment at `users` sequences: (all-reduce, fixed, streamed) ms."""
+def modelled(row: dict, users: int, profile: str, prefill: bool = False) -> dict[str, float] | None:
+    """The model's decode step of `row`'s deployment at `users` sequences (with `prefill`: one step prefilling the
+    row's prompt, plus the request delay): (all-reduce, fixed, divided work in TP1 terms) ms."""
     sc, why = row_scenario(row)
     if sc is None:
         return None
     sc["deployment"]["gpu"] = profile
     dep = simulate.deploy(scenario_mod.from_dict(sc, "tp-pair"))
-    context = int(parse_float(row["isl"]) + parse_float(row["osl"]) / 2)
-    _, parts = dep.cost.decode_parts(np.full((1, users), context), 1)
+    delay_ms = 0.0
+    if prefill:
+        isl = np.array([parse_float(row["isl"])])
+        parts = dep.cost.time_parts(dep.cost.features(isl, isl))
+        delay_ms = float(np.ravel(simulate.request_delays_s(dep.cost.efficiency, isl))[0]) * 1e3
+    else:
+        context = int(parse_float(row["isl"]) + parse_float(row["osl"]) / 2)
+        _, parts = dep.cost.decode_parts(np.full((1, users), context), 1)
     ms = {k: float(np.ravel(v)[0]) * 1e3 for k, v in parts.items()}
     tp = dep.cost.tp
-    return {"allreduce": ms.get("allreduce", 0.0), "fixed": ms["overhead"],
+    return {"allreduce": ms.get("allreduce", 0.0), "fixed": ms["overhead"] + delay_ms, "total": sum(ms.values()) + delay_ms,
             "bytes_tp1": tp * (ms.get("dense_gemm", 0.0) + ms.get("moe_gemm", 0.0) + ms.get("attention", 0.0)),
             "layers": dep.model.num_layers}
 
@@ -51,7 +65,9 @@ def main() -> None:
     ap.add_argument("gpu")
     ap.add_argument("--users", type=int, default=4)
     ap.add_argument("--profile", help="profile the model's parts come from (default: the GPU's shipped one)")
+    ap.add_argument("--prefill", action="store_true", help="read TTFT (a prompt's prefill) instead of TPOT")
     args = ap.parse_args()
+    metric, label, work = ("ttft_ms", "TTFT ms", "W") if args.prefill else ("tpot_ms", "TPOT ms", "B")
     profile = args.profile or args.gpu
     load_gpu(profile)
     rows = pd.concat([read_measurements(p) for p in default_files()], ignore_index=True)
@@ -61,19 +77,27 @@ def main() -> None:
     for key, group in rows.groupby(SERIES, dropna=False):
         by_tp = {int(parse_float(r["tp"])): r for r in group.to_dict(orient="records")}
         for t1, t2 in itertools.combinations(sorted(by_tp), 2):
-            m1, m2 = modelled(by_tp[t1], args.users, profile), modelled(by_tp[t2], args.users, profile)
+            m1 = modelled(by_tp[t1], args.users, profile, args.prefill)
+            m2 = modelled(by_tp[t2], args.users, profile, args.prefill)
             if m1 is None or m2 is None:
                 continue
-            y1 = parse_float(by_tp[t1]["tpot_ms"]) - m1["allreduce"]
-            y2 = parse_float(by_tp[t2]["tpot_ms"]) - m2["allreduce"]
+            y1 = parse_float(by_tp[t1][metric]) - m1["allreduce"]
+            y2 = parse_float(by_tp[t2][metric]) - m2["allreduce"]
             b = (y1 - y2) / (1 / t1 - 1 / t2)
             f = y1 - b / t1
+            if args.prefill:
+                # the model's own F and W, solved from its two steps as the measured ones are: its per-token MoE time
+                # and per-call GEMM time are parts TP does not divide, which its roofline parts x TP would count as W
+                z1, z2 = m1["total"] - m1["allreduce"], m2["total"] - m2["allreduce"]
+                m1 = dict(m1, bytes_tp1=(z1 - z2) / (1 / t1 - 1 / t2))
+                m1["fixed"] = z1 - m1["bytes_tp1"] / t1
             out.append({"model": str(key[0])[:24], "precision": key[1], "date": key[2], "isl/osl": f"{parse_float(key[4]):.0f}/{parse_float(key[5]):.0f}",
-                        "TP pair": f"{t1}/{t2}", "TPOT ms": f"{parse_float(by_tp[t1]['tpot_ms']):.2f}/{parse_float(by_tp[t2]['tpot_ms']):.2f}",
+                        "TP pair": f"{t1}/{t2}", label: f"{parse_float(by_tp[t1][metric]):.2f}/{parse_float(by_tp[t2][metric]):.2f}",
                         "A ms": f"{m1['allreduce']:.2f}/{m2['allreduce']:.2f}",
-                        "F ms": round(f, 2), "F us/layer": round(1e3 * f / m1["layers"], 0),
-                        "model F ms": round(m1["fixed"], 2), "B ms (TP1)": round(b, 2),
-                        "model B ms (TP1)": round(m1["bytes_tp1"], 2)})
+                        "F ms": round(f, 2),
+                        **({} if args.prefill else {"F us/layer": round(1e3 * f / m1["layers"], 0)}),
+                        "model F ms": round(m1["fixed"], 2), f"{work} ms (TP1)": round(b, 2),
+                        f"model {work} ms (TP1)": round(m1["bytes_tp1"], 2)})
     pd.set_option("display.width", 250)
     print(pd.DataFrame(out).to_string(index=False) if out else "no series with two TP sizes at this load")
 
