@@ -185,3 +185,25 @@ def test_a_kv_read_fraction_divides_the_kv_bound_attention_time_and_is_off_by_de
     plain = cost.attention_time(1.0, kv_bytes, eff)
     assert plain == pytest.approx(kv_bytes / (gpu.hbm_bandwidth_tb_s * 1e12 * eff["hbm"]))
     assert cost.attention_time(1.0, kv_bytes, eff | {"kv_read": 0.5}) == pytest.approx(2 * plain)
+
+
+def test_tile_padding_switch_computes_m_half_more_rows(tmp_path, script, monkeypatch):
+    """The screening switch GEMM_TILE_M_HALF (off by default, docs/seed_validation.md section 48): with it a compute-
+    bound step of n tokens costs what n + M_half tokens cost without it (every dense GEMM and the LM head compute M_half
+    padding rows), on the ceiling-only curve; without a curve it changes nothing."""
+    from capacity.cost import step_cost
+
+    assert step_cost.GEMM_TILE_M_HALF == 0.0
+    path = tmp_path / "MI300X-ceiling.yaml"
+    path.write_text(yaml.safe_dump(script.curve_profile("MI300X", 0.0, 0.0), sort_keys=False))
+    model = _llama70b_fp8()
+    n, pad = 4096, 128
+    curve = StepCostModel(load_gpu(path), model, 8)
+    plain = StepCostModel(load_gpu("MI300X"), model, 8)
+    without = curve.forward([n + pad], [n + pad], num_sampled=1.0 + pad).parts_s["dense_gemm"]
+    before = plain.forward([n], [n], num_sampled=1.0).parts_s["dense_gemm"]
+    monkeypatch.setattr(step_cost, "GEMM_TILE_M_HALF", float(pad))
+    curve = StepCostModel(load_gpu(path), model, 8)
+    plain = StepCostModel(load_gpu("MI300X"), model, 8)
+    assert curve.forward([n], [n], num_sampled=1.0).parts_s["dense_gemm"] == pytest.approx(without, rel=1e-12)
+    assert plain.forward([n], [n], num_sampled=1.0).parts_s["dense_gemm"] == before

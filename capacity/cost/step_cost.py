@@ -287,6 +287,11 @@ INT4_TRITON_BLOCK_M_ABOVE = 64               # BLOCK_SIZE_M above the table's la
 # A screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;INT4_WEIGHT_PER_BLOCK=False"): False prices
 # the int4 weights once per touched expert, as before docs/seed_validation.md section 38.
 INT4_WEIGHT_PER_BLOCK = True
+# A screening switch (scripts/screen_cost_terms.py --variant "NAME=PROFILE;GEMM_TILE_M_HALF=128", PROFILE with a
+# `gemm_curve` section): where a profile has the GEMM curve, every dense GEMM call of a step computes this many token
+# rows more than the step has (a tile's padding rows, M + M_half instead of M), so mid-M decode GEMMs run below the
+# ceiling and prompt-sized ones at it. 0: off (docs/seed_validation.md section 48).
+GEMM_TILE_M_HALF = 0.0
 
 
 def int4_triton_block_m(num_tokens: np.ndarray | float) -> np.ndarray | float:
@@ -1186,6 +1191,8 @@ class StepCostModel:
             dense_compute_s = dense_flops / (tp * self._peak_dense * eff["gemm"])
         else:
             ceiling, extra = self._dense_curve
+            if GEMM_TILE_M_HALF:
+                dense_flops = dense_flops + GEMM_TILE_M_HALF * (self._dense_flops_per_token + self._lm_head_flops) * (n_tok > 0)
             dense_compute_s = (dense_flops / tp + extra) / (self._peak_dense * eff["gemm"] * ceiling)
         before: dict[str, np.ndarray | float] = {
             "dense_gemm": fast_maximum(dense_compute_s, m.dense_weight_bytes / (tp * bw)),
