@@ -15,8 +15,9 @@ With --prefill the same reading is made of TTFT at a few users: TTFT(TP) ~ F + W
 prompt's time TP does not divide (the request delay, the fixed costs of its step, anything every rank repeats for
 every token), W the work TP divides (GEMMs, attention), A(TP) the prompt step's all-reduces from the step-cost model.
 The model's own F and W are solved the same way from its two prefill steps of the row's prompt (`time_parts` of isl
-new tokens, plus its request delay); queueing behind other users' steps is in the measured TTFT and not in the model's columns, so read
-the two F columns for their trend with the prompt length, not their level (docs/seed_validation.md section 48).
+new tokens, plus its request delay). Queueing behind other users' steps is in the measured TTFT and not in the
+model's columns, so read the two F columns for their trend with the prompt length, not their level
+(docs/seed_validation.md section 48).
 """
 
 from __future__ import annotations

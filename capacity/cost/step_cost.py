@@ -178,6 +178,11 @@ _NO_KERNEL_COUNT = ("{gpu}: efficiency.eager_kernel_us needs kernels_per_dense_l
 # all routed tokens (routing, sorting). A screening switch (scripts/screen_cost_terms.py
 # --variant "NAME=GPU;MOE_TOKEN_COST_SPLIT_BY_EP=True"); docs/seed_validation.md section 32.
 MOE_TOKEN_COST_SPLIT_BY_EP = False
+# Whether that time is paid per routed token (token x expert, True) or per token and MoE layer whatever its top-k
+# (False: work every rank does once per token, e.g. the router and the activation's quantization; the fitted value is
+# then about top-k times larger). A screening switch (--variant "NAME=PROFILE;MOE_TOKEN_COST_PER_EXPERT=False");
+# docs/seed_validation.md section 48.
+MOE_TOKEN_COST_PER_EXPERT = True
 # Where the per-routed-token MoE time (`moe_token_overhead_ns`) goes: False (shipped) after the grouped GEMM's
 # max(compute, weight reads), in series with both; True on its compute side, max(compute + per-token time, weight
 # reads), as work of the kernel's tiles (the tokens' gather, the epilogue that scales and writes each routed
@@ -1244,7 +1249,7 @@ class StepCostModel:
                 # work every TP rank repeats for every token and each expert it is routed to, in each MoE layer
                 # (routing, sorting, the tokens' gather and scatter; docs/seed_validation.md section 31): not
                 # divided by TP
-                routed = n_tok * m.num_moe_layers * m.experts_per_token
+                routed = n_tok * m.num_moe_layers * (m.experts_per_token if MOE_TOKEN_COST_PER_EXPERT else 1)
                 if MOE_TOKEN_COST_SPLIT_BY_EP:
                     routed = routed / self.ep
                 token_s = per_token * 1e-9 * routed
