@@ -57,7 +57,7 @@ def modelled(row: dict, users: int, profile: str, prefill: bool = False) -> dict
     ms = {k: float(np.ravel(v)[0]) * 1e3 for k, v in parts.items()}
     tp = dep.cost.tp
     return {"allreduce": ms.get("allreduce", 0.0), "fixed": ms["overhead"] + delay_ms, "total": sum(ms.values()) + delay_ms,
-            "bytes_tp1": tp * (ms.get("dense_gemm", 0.0) + ms.get("moe_gemm", 0.0) + ms.get("attention", 0.0)),
+            "divided_tp1": tp * (ms.get("dense_gemm", 0.0) + ms.get("moe_gemm", 0.0) + ms.get("attention", 0.0)),
             "layers": dep.model.num_layers}
 
 
@@ -90,15 +90,15 @@ def main() -> None:
                 # the model's own F and W, solved from its two steps as the measured ones are: its per-token MoE time
                 # and per-call GEMM time are parts TP does not divide, which its roofline parts x TP would count as W
                 z1, z2 = m1["total"] - m1["allreduce"], m2["total"] - m2["allreduce"]
-                m1 = dict(m1, bytes_tp1=(z1 - z2) / (1 / t1 - 1 / t2))
-                m1["fixed"] = z1 - m1["bytes_tp1"] / t1
+                divided = (z1 - z2) / (1 / t1 - 1 / t2)
+                m1 = dict(m1, divided_tp1=divided, fixed=z1 - divided / t1)
             out.append({"model": str(key[0])[:24], "precision": key[1], "date": key[2], "isl/osl": f"{parse_float(key[4]):.0f}/{parse_float(key[5]):.0f}",
                         "TP pair": f"{t1}/{t2}", label: f"{parse_float(by_tp[t1][metric]):.2f}/{parse_float(by_tp[t2][metric]):.2f}",
                         "A ms": f"{m1['allreduce']:.2f}/{m2['allreduce']:.2f}",
                         "F ms": round(f, 2),
                         **({} if args.prefill else {"F us/layer": round(1e3 * f / m1["layers"], 0)}),
                         "model F ms": round(m1["fixed"], 2), f"{work} ms (TP1)": round(b, 2),
-                        f"model {work} ms (TP1)": round(m1["bytes_tp1"], 2)})
+                        f"model {work} ms (TP1)": round(m1["divided_tp1"], 2)})
     pd.set_option("display.width", 250)
     print(pd.DataFrame(out).to_string(index=False) if out else "no series with two TP sizes at this load")
 
