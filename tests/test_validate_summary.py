@@ -29,3 +29,14 @@ def test_coverage_is_also_given_per_gpu() -> None:
     s = summarize(rows)
     assert s["coverage_by_gpu"] == {"MI300X": {"given": 2, "modelled": 1}, "MI355X": {"given": 1, "modelled": 1}}
     assert "Coverage by GPU: MI300X 1 of 2, MI355X 1 of 1" in ValidationReport(rows, s).summary_text()
+
+
+def test_v0_engine_rows_are_labelled_in_the_table() -> None:
+    """vLLM 0.8 was the first release with the V1 engine on by default (its release notes), so a v0.6.7 row
+    ran V0: predicted but never fitted, and the table says so beside its errors."""
+    rows = pd.DataFrame({"gpu": ["MI300X"] * 2, "model": ["m"] * 2, "framework_version": ["v0.6.7", "v0.18.0"],
+                         "e2e_ms": [10.0, 10.0], "predicted_e2e_ms": [500.0, 10.0], "skipped": [None, None]})
+    s = summarize(rows)
+    labels = {g["model"]: g["median_ape"] for g in s["by_gpu_model_metric"]}
+    assert labels == {"m [V0 engine]": 49.0, "m": 0.0}
+    assert "[V0 engine]: vLLM < 0.8 ran the V0 engine" in ValidationReport(rows, s).summary_text()

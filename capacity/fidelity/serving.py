@@ -24,6 +24,7 @@ from capacity.fidelity.spec_serving import SERVING_SOURCE_PREFIX, predict_servin
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import list_gpus, load_gpu
 from capacity.inputs.step_cost_fidelity import transferred_from
+from capacity.measurements.clients import v0_engine
 from capacity.measurements.row_scenario import (LOAD_NOT_STATED, NOTHING_TO_PREDICT, PROMPTS_PER_USER,
                                                 SPEC_WITHOUT_ACCEPTANCE, row_scenario, row_stream)
 from capacity.measurements.schemas import REPORTED, default_serving_file, read_measurements
@@ -89,6 +90,8 @@ class ValidationReport:
         for g in s["by_gpu_model_metric"]:
             lines.append(f"{g['gpu']:8} {g['model'][:42]:42} {g['metric']:22} {g['n']:5d} "
                          f"{g['median_ape']:10.1%} {g['p90_ape']:8.1%}")
+        if any(g["model"].endswith(V0_LABEL) for g in s["by_gpu_model_metric"]):
+            lines.append(V0_FOOTNOTE)
         lines.append("")
         lines.append("All modelled rows, by GPU:")
         for g in s["by_gpu_metric"]:
@@ -96,8 +99,21 @@ class ValidationReport:
         return "\n".join(lines)
 
 
+# Rows of vLLM < 0.8 (the V0 engine, whose scheduler is not the one simulated) are predicted but never fitted
+# (calibrate.fit_exclusion); their table rows say so, so that a reader meets their errors with the reason.
+V0_LABEL = " [V0 engine]"
+V0_FOOTNOTE = (f"{V0_LABEL.strip()}: vLLM < 0.8 ran the V0 engine, whose scheduler is not the one simulated: predicted, "
+               "never fitted (docs/seed_validation.md sections 7 and 10)")
+
+
+def _model_label(row: pd.Series) -> str:
+    return f"{row['model']}{V0_LABEL}" if v0_engine(row.to_dict()) else str(row["model"])
+
+
 def summarize(rows: pd.DataFrame) -> dict[str, Any]:
     modelled = rows[rows["skipped"].isna()]
+    if len(modelled) and "model" in modelled.columns:
+        modelled = modelled.assign(model=modelled.apply(_model_label, axis=1))
     reasons = rows.loc[rows["skipped"].notna(), "skipped"].value_counts().to_dict()
     return {
         "given": int(len(rows)),
