@@ -183,6 +183,21 @@ MOE_TOKEN_COST_SPLIT_BY_EP = False
 # then about top-k times larger). A screening switch (--variant "NAME=PROFILE;MOE_TOKEN_COST_PER_EXPERT=False");
 # docs/seed_validation.md section 48.
 MOE_TOKEN_COST_PER_EXPERT = True
+# A screening switch (--variant "NAME=PROFILE;MOE_TILE_PADDING=True"), off: where the experts' FLOPs are priced by
+# `gemm` x `moe` (no AITER kernel curve), each expert's tokens are computed in whole BLOCK_SIZE_M tiles, as vLLM's
+# grouped GEMMs do (moe_align_block_size pads every expert's token count to a multiple of BLOCK_SIZE_M and the kernel
+# multiplies the padded rows): the FLOPs of a layer are those of expected_expert_blocks x BLOCK_SIZE_M rows, not of its
+# routed tokens. BLOCK_SIZE_M by the Marlin MoE's rule (vllm/model_executor/layers/fused_moe/fused_marlin_moe.py: the
+# first of 8, 16, 32, 48, 64 with M x top-k / E / block < 0.9, else 64), which fits the tile to the mean tokens per
+# expert as tuned configurations do. docs/seed_validation.md section 49.
+MOE_TILE_PADDING = False
+# A screening switch (--variant "NAME=PROFILE;W4A16_EXPERT_KERNEL=True"), off: on CUDA, experts with 4-bit weights
+# computed in bf16 (int4 W4A16, and MXFP4 / NVFP4 on a GPU without FP4 tensor cores, e.g. gpt-oss-120b on Hopper) run
+# vLLM's weight-only 4-bit MoE kernels (Marlin's MoE, or the Triton MXFP4 kernel), which dequantize every weight tile in
+# the GEMM's inner loop: both their weight stream and their FLOPs at that kernel's efficiency `moe_int4` instead of
+# `moe`. docs/seed_validation.md section 49.
+W4A16_EXPERT_KERNEL = False
+MOE_TILE_BLOCKS_M = (8.0, 16.0, 32.0, 48.0, 64.0)
 # Where the per-routed-token MoE time (`moe_token_overhead_ns`) goes: False (shipped) after the grouped GEMM's
 # max(compute, weight reads), in series with both; True on its compute side, max(compute + per-token time, weight
 # reads), as work of the kernel's tiles (the tokens' gather, the epilogue that scales and writes each routed
@@ -975,6 +990,12 @@ class StepCostModel:
         self._peak_expert = gpu.peak_tflops(model.compute_weight_dtype) * 1e12
         self._peak_attn = gpu.peak_tflops("bf16") * 1e12
         self.moe_efficiency_key = gpu.moe_efficiency_key(model.compute_weight_dtype)
+        # W4A16_EXPERT_KERNEL: weight-only 4-bit experts on CUDA, stream and FLOPs at `moe_int4`
+        self._w4a16_experts = bool(W4A16_EXPERT_KERNEL and not gpu.is_rocm and model.num_moe_layers
+                                   and weight_format(model.compute_weight_dtype) in ("int4", "fp4")
+                                   and gpu.compute_dtype(model.compute_weight_dtype) == "bf16")
+        if self._w4a16_experts:
+            self.moe_efficiency_key = "moe_int4"
         # weight-only int4 experts on ROCm run vLLM's Triton int4 kernel, which unpacks each expert's weights once per
         # block of its tokens (INT4_TRITON_BLOCK_M); CUDA runs Marlin's MoE, whose blocking is not modelled
         self._int4_weight_per_block = (INT4_WEIGHT_PER_BLOCK and gpu.is_rocm and model.num_moe_layers > 0
@@ -1209,6 +1230,8 @@ class StepCostModel:
             # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
             moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
+            if self._w4a16_experts:
+                moe = moe_stream
             pad = self._expert_pad
             if self._aiter_moe is not None:
                 # AITER's measured kernel per layer (aiter_moe_layer_s), the two sides scaled to the busiest GPU
@@ -1221,6 +1244,8 @@ class StepCostModel:
                 flops_s, bytes_s = m.num_moe_layers * flops_s, m.num_moe_layers * bytes_s
             elif self._expert_curve is None:
                 flops_s = pad * m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
+                if MOE_TILE_PADDING:
+                    flops_s = flops_s * self._tile_padding(f, n_tok)
             else:
                 ceiling, extra = self._expert_curve
                 flops_s = (pad * m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
@@ -1285,6 +1310,18 @@ class StepCostModel:
                     kernels = kernels + launches
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
+
+    def _tile_padding(self, f: StepFeatures, n_tok):
+        """Padded expert rows over routed expert rows of a step (MOE_TILE_PADDING), at least 1."""
+        m = self.model
+        routed = self.routed_tokens(f)
+        mean = np.asarray(n_tok, dtype=float) * m.experts_per_token / m.num_experts   # tokens per expert
+        block_m = np.full(mean.shape, MOE_TILE_BLOCKS_M[-1])
+        for b in reversed(MOE_TILE_BLOCKS_M):
+            block_m = np.where(mean / b < 0.9, b, block_m)
+        blocks = expected_expert_blocks(m.num_experts, m.experts_per_token, routed, block_m)
+        rows = np.maximum(np.asarray(routed, dtype=float) * m.experts_per_token, 1e-9)
+        return np.maximum(blocks * block_m / rows, 1.0)
 
     def _ungraphed_launches_s(self, n_tok, eff: dict[str, float]):
         """Host time launching the kernels of steps too large for a captured graph (`eager_kernel_us` per kernel;
