@@ -191,13 +191,13 @@ MOE_TOKEN_COST_PER_EXPERT = True
 # first of 8, 16, 32, 48, 64 with M x top-k / E / block < 0.9, else 64), which fits the tile to the mean tokens per
 # expert as tuned configurations do. docs/seed_validation.md section 49.
 MOE_TILE_PADDING = False
+MOE_TILE_BLOCKS_M = (8.0, 16.0, 32.0, 48.0, 64.0)   # the Marlin rule's tiles, smallest first
 # A screening switch (--variant "NAME=PROFILE;W4A16_EXPERT_KERNEL=True"), off: on CUDA, experts with 4-bit weights
 # computed in bf16 (int4 W4A16, and MXFP4 / NVFP4 on a GPU without FP4 tensor cores, e.g. gpt-oss-120b on Hopper) run
 # vLLM's weight-only 4-bit MoE kernels (Marlin's MoE, or the Triton MXFP4 kernel), which dequantize every weight tile in
 # the GEMM's inner loop: both their weight stream and their FLOPs at that kernel's efficiency `moe_int4` instead of
 # `moe`. docs/seed_validation.md section 49.
 W4A16_EXPERT_KERNEL = False
-MOE_TILE_BLOCKS_M = (8.0, 16.0, 32.0, 48.0, 64.0)
 # Where the per-routed-token MoE time (`moe_token_overhead_ns`) goes: False (shipped) after the grouped GEMM's
 # max(compute, weight reads), in series with both; True on its compute side, max(compute + per-token time, weight
 # reads), as work of the kernel's tiles (the tokens' gather, the epilogue that scales and writes each routed
