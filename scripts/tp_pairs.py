@@ -17,7 +17,9 @@ every token), W the work TP divides (GEMMs, attention), A(TP) the prompt step's 
 The model's own F and W are solved the same way from its two prefill steps of the row's prompt (`time_parts` of isl
 new tokens, plus its request delay). Queueing behind other users' steps is in the measured TTFT and not in the
 model's columns, so read the two F columns for their trend with the prompt length, not their level
-(docs/seed_validation.md section 48).
+(docs/seed_validation.md section 48). A last table reads each series at its shortest and longest prompt as a line in
+the prompt length: the part that does not grow with the prompt (intercept) and the time per prompt token (slope), of W
+and of F (section 49).
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def main() -> None:
     rows = pd.concat([read_measurements(p) for p in default_files()], ignore_index=True)
     rows = rows[(rows["gpu"] == args.gpu) & (pd.to_numeric(rows["concurrency_or_qps"], errors="coerce") == args.users)]
     rows = rows[rows["spec_method"].isna() | (rows["spec_method"] == "none")]
-    out = []
+    out, lines = [], []
     for key, group in rows.groupby(SERIES, dropna=False):
         by_tp = {int(parse_float(r["tp"])): r for r in group.to_dict(orient="records")}
         for t1, t2 in itertools.combinations(sorted(by_tp), 2):
@@ -92,6 +94,8 @@ def main() -> None:
                 z1, z2 = m1["total"] - m1["allreduce"], m2["total"] - m2["allreduce"]
                 divided = (z1 - z2) / (1 / t1 - 1 / t2)
                 m1 = dict(m1, divided_tp1=divided, fixed=z1 - divided / t1)
+            lines.append({"series": (str(key[0])[:24], key[1], key[2]), "isl": parse_float(key[4]), "F": f, "W": b,
+                          "model F": m1["fixed"], "model W": m1["divided_tp1"]})
             out.append({"model": str(key[0])[:24], "precision": key[1], "date": key[2], "isl/osl": f"{parse_float(key[4]):.0f}/{parse_float(key[5]):.0f}",
                         "TP pair": f"{t1}/{t2}", label: f"{parse_float(by_tp[t1][metric]):.2f}/{parse_float(by_tp[t2][metric]):.2f}",
                         "A ms": f"{m1['allreduce']:.2f}/{m2['allreduce']:.2f}",
@@ -101,6 +105,31 @@ def main() -> None:
                         f"model {work} ms (TP1)": round(m1["divided_tp1"], 2)})
     pd.set_option("display.width", 250)
     print(pd.DataFrame(out).to_string(index=False) if out else "no series with two TP sizes at this load")
+    if args.prefill and lines:
+        print()
+        print(two_lengths(pd.DataFrame(lines)))
+
+
+def two_lengths(pairs: pd.DataFrame) -> str:
+    """Each series' F and W (medians over its TP pairs) at its shortest and longest prompt, read as a line in the
+    prompt length: an intercept (ms a prompt costs whatever its length) and a slope (us per prompt token), measured /
+    model (docs/seed_validation.md section 49)."""
+    out = []
+    for series, g in pairs.groupby("series"):
+        at = g.groupby("isl")[["F", "W", "model F", "model W"]].median()
+        if len(at) < 2:
+            continue
+        (l1, a), (l2, b) = (at.index[0], at.iloc[0]), (at.index[-1], at.iloc[-1])
+        row = {"model": series[0], "precision": series[1], "date": series[2], "prompts": f"{l1:.0f}/{l2:.0f}"}
+        for part in ("W", "F"):
+            slope = {k: (b[k] - a[k]) / (l2 - l1) for k in (part, f"model {part}")}
+            row[f"{part} at 0 ms"] = f"{a[part] - slope[part] * l1:.1f} / {a['model ' + part] - slope['model ' + part] * l1:.1f}"
+            row[f"{part} us/token"] = f"{1e3 * slope[part]:.1f} / {1e3 * slope['model ' + part]:.1f}"
+        out.append(row)
+    if not out:
+        return "no series at two prompt lengths"
+    return ("Two prompt lengths (medians over the TP pairs; measured / model):\n"
+            + pd.DataFrame(out).to_string(index=False))
 
 
 if __name__ == "__main__":
