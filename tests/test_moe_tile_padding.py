@@ -66,3 +66,21 @@ def test_weight_only_4bit_experts_take_the_weight_only_kernel_on_cuda_only(monke
     assert sc.StepCostModel(load_gpu("H100"), gpt_oss, 1).moe_efficiency_key == "moe_int4"
     assert sc.StepCostModel(load_gpu("H100"), load_model("MiniMaxAI/MiniMax-M2.5"), 4).moe_efficiency_key == "moe"
     assert sc.StepCostModel(load_gpu("MI300X"), gpt_oss, 1).moe_efficiency_key == "moe"
+
+
+def test_m_half_slows_few_tokens_per_expert_and_fades_with_many(monkeypatch):
+    """MOE_M_HALF (off as shipped): the grouped GEMM's rate m / (m + m_half), AITER's measured shape, so a 1k-token
+    gpt-oss-120b prompt (about 32 routed tokens per expert) pays (32 + 44) / 32 on its expert FLOPs and a very long
+    one (about 3,000 per expert) almost nothing."""
+    model = load_model("openai/gpt-oss-120b")
+    assert sc.MOE_M_HALF == 0.0
+
+    def moe_flops_side(tokens: float, m_half: float) -> float:
+        monkeypatch.setattr(sc, "MOE_M_HALF", m_half)
+        monkeypatch.setattr(sc, "MOE_TOKEN_COST_PER_EXPERT", True)
+        gpu = load_gpu("H200").with_overrides(efficiency={"hbm": 1.0, "moe_token_overhead_ns": 0.0})
+        cost = sc.StepCostModel(gpu, model, 1)
+        return float(cost.time_parts(cost.features(np.array([tokens]), np.array([tokens])))["moe_gemm"])
+
+    assert moe_flops_side(1024.0, 44.0) / moe_flops_side(1024.0, 0.0) == pytest.approx((32 + 44) / 32, rel=0.03)
+    assert moe_flops_side(98304.0, 44.0) / moe_flops_side(98304.0, 0.0) == pytest.approx(1.0, abs=0.02)

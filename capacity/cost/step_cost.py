@@ -198,6 +198,11 @@ MOE_TILE_BLOCKS_M = (8.0, 16.0, 32.0, 48.0, 64.0)   # the Marlin rule's tiles, s
 # the GEMM's inner loop: both their weight stream and their FLOPs at that kernel's efficiency `moe_int4` instead of
 # `moe`. docs/seed_validation.md section 49.
 W4A16_EXPERT_KERNEL = False
+# A screening switch (--variant "NAME=PROFILE;MOE_M_HALF=44"), 0 = off: where the experts' FLOPs are priced by `gemm` x
+# `moe` (no AITER kernel curve), the grouped GEMM's rate is scaled by m / (m + MOE_M_HALF), m the routed tokens per
+# touched expert, the shape AITER's measured fused-MoE times show (capacity/data/moe_kernel_curves.yaml: m_half 41-47 on
+# CDNA3 / CDNA4), carried to the other grouped-GEMM kernels as an assumption. docs/seed_validation.md section 49.
+MOE_M_HALF = 0.0
 # Where the per-routed-token MoE time (`moe_token_overhead_ns`) goes: False (shipped) after the grouped GEMM's
 # max(compute, weight reads), in series with both; True on its compute side, max(compute + per-token time, weight
 # reads), as work of the kernel's tiles (the tokens' gather, the epilogue that scales and writes each routed
@@ -1246,6 +1251,11 @@ class StepCostModel:
                 flops_s = pad * m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
                 if MOE_TILE_PADDING:
                     flops_s = flops_s * self._tile_padding(f, n_tok)
+                if MOE_M_HALF:
+                    per_expert = (self.routed_tokens(f) * m.experts_per_token
+                                  / np.maximum(expected_distinct_experts(m.num_experts, m.experts_per_token,
+                                                                         self.routed_tokens(f)), 1e-12))
+                    flops_s = flops_s * (per_expert + MOE_M_HALF) / np.maximum(per_expert, 1e-12)
             else:
                 ceiling, extra = self._expert_curve
                 flops_s = (pad * m.expert_flops_per_token * n_tok / tp + extra) / (self._peak_expert * eff["gemm"] * ceiling * moe)
