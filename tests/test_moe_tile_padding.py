@@ -1,5 +1,6 @@
 """Screening switches of the expert GEMMs (capacity/cost/step_cost.py, off as shipped; docs/seed_validation.md §49):
-whole BLOCK_SIZE_M tiles per expert (MOE_TILE_PADDING) and CUDA's weight-only 4-bit MoE kernel (W4A16_EXPERT_KERNEL).
+whole BLOCK_SIZE_M tiles per expert (MOE_TILE_PADDING), CUDA's weight-only 4-bit MoE kernel (W4A16_EXPERT_KERNEL) and
+the grouped GEMM's rate by tokens per expert (MOE_M_HALF).
 The tile padding is checked against a direct simulation of vLLM's moe_align_block_size on random routing, not against
 the code's own formula."""
 

@@ -1252,9 +1252,9 @@ class StepCostModel:
                 if MOE_TILE_PADDING:
                     flops_s = flops_s * self._tile_padding(f, n_tok)
                 if MOE_M_HALF:
-                    per_expert = (self.routed_tokens(f) * m.experts_per_token
-                                  / np.maximum(expected_distinct_experts(m.num_experts, m.experts_per_token,
-                                                                         self.routed_tokens(f)), 1e-12))
+                    routed = self.routed_tokens(f)
+                    per_expert = (routed * m.experts_per_token
+                                  / np.maximum(expected_distinct_experts(m.num_experts, m.experts_per_token, routed), 1e-12))
                     flops_s = flops_s * (per_expert + MOE_M_HALF) / np.maximum(per_expert, 1e-12)
             else:
                 ceiling, extra = self._expert_curve
