@@ -45,7 +45,7 @@ def test_padding_matches_a_simulation_of_vllms_tiles(padding_on, tokens):
     model = load_model("openai/gpt-oss-120b")      # 128 experts, top-4
     cost = sc.StepCostModel(load_gpu("H200"), model, 1)
     f = cost.features(np.array([float(tokens)]), np.array([float(tokens)]))
-    modelled = float(cost._tile_padding(f, sc._float_or_array(f.num_tokens)))
+    modelled = float(cost._tile_padding(cost.routed_tokens(f), sc._float_or_array(f.num_tokens)))
     assert modelled == pytest.approx(simulated_padding(tokens, model.experts_per_token, model.num_experts), rel=0.03)
 
 

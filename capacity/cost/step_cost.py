@@ -1231,7 +1231,8 @@ class StepCostModel:
         if self._dense_call_s:
             before["dense_gemm"] = before["dense_gemm"] + self._dense_call_s
         if m.num_moe_layers:
-            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, self.routed_tokens(f))
+            routed = self.routed_tokens(f)
+            experts = expected_distinct_experts(m.num_experts, m.experts_per_token, routed)
             # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
             moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
@@ -1250,11 +1251,9 @@ class StepCostModel:
             elif self._expert_curve is None:
                 flops_s = pad * m.expert_flops_per_token * n_tok / (tp * self._peak_expert * eff["gemm"] * moe)
                 if MOE_TILE_PADDING:
-                    flops_s = flops_s * self._tile_padding(f, n_tok)
+                    flops_s = flops_s * self._tile_padding(routed, n_tok)
                 if MOE_M_HALF:
-                    routed = self.routed_tokens(f)
-                    per_expert = (routed * m.experts_per_token
-                                  / np.maximum(expected_distinct_experts(m.num_experts, m.experts_per_token, routed), 1e-12))
+                    per_expert = routed * m.experts_per_token / np.maximum(experts, 1e-12)   # routed tokens per touched expert
                     flops_s = flops_s * (per_expert + MOE_M_HALF) / np.maximum(per_expert, 1e-12)
             else:
                 ceiling, extra = self._expert_curve
@@ -1268,7 +1267,7 @@ class StepCostModel:
                 # INT4_TRITON_BLOCK_M)
                 panels = experts
                 if self._int4_weight_per_block:
-                    panels = expected_expert_blocks(m.num_experts, m.experts_per_token, self.routed_tokens(f),
+                    panels = expected_expert_blocks(m.num_experts, m.experts_per_token, routed,
                                                     int4_triton_block_m(n_tok))
                 bytes_s = pad * m.num_moe_layers * panels * m.expert_weight_bytes / (tp * stream)
                 if self.ep > 1:
@@ -1321,10 +1320,10 @@ class StepCostModel:
             overhead = (kernels, host, spec)
         return before, snapshot, after, overhead
 
-    def _tile_padding(self, f: StepFeatures, n_tok):
-        """Padded expert rows over routed expert rows of a step (MOE_TILE_PADDING), at least 1."""
+    def _tile_padding(self, routed, n_tok):
+        """Padded expert rows over routed expert rows of a step of `n_tok` tokens, `routed` of them counting for the
+        experts (routed_tokens) (MOE_TILE_PADDING), at least 1."""
         m = self.model
-        routed = self.routed_tokens(f)
         mean = np.asarray(n_tok, dtype=float) * m.experts_per_token / m.num_experts   # tokens per expert
         block_m = np.full(mean.shape, MOE_TILE_BLOCKS_M[-1])
         for b in reversed(MOE_TILE_BLOCKS_M):
