@@ -1,6 +1,6 @@
 """Leave one GPU out: predict a GPU's shipped serving rows with ANOTHER GPU's efficiencies, no refit.
 
-    python scripts/leave_one_gpu_out.py H100:H200 H200:H100 MI300X:MI355X [--workers 2] [--max-rows N] [--own]
+    python scripts/leave_one_gpu_out.py H100:H200 H200:H100 MI300X:MI355X [--workers 2] [--max-rows N] [--own] [--out DIR]
 
 For each SOURCE:TARGET pair the TARGET's rows (capacity/data/measurements/serving_vllm.csv) are
 simulated on the TARGET's own datasheet (peaks, HBM, scale-up, power) with every `efficiency` entry of
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -55,6 +56,7 @@ def main() -> None:
     ap.add_argument("--max-rows", type=int, default=None)
     ap.add_argument("--own", action="store_true", help="also the target's error with its own shipped fit")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="folder: each pair's predicted rows as SOURCE_on_TARGET.csv")
     args = ap.parse_args()
     results = []
     for pair in args.pairs:
@@ -71,6 +73,9 @@ def main() -> None:
         out = serving.run(gpus=[target], gpu_overrides=overrides, workers=args.workers,
                           max_rows=args.max_rows, progress=False).rows
         res = {"source": source, "target": target, "transferred": errors(out)}
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            out.to_csv(Path(args.out) / f"{source}_on_{target}.csv", index=False)
         if args.own:
             own = serving.run(gpus=[target], workers=args.workers, max_rows=args.max_rows, progress=False).rows
             res["own_fit"] = errors(own)

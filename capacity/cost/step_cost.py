@@ -471,18 +471,78 @@ def _interp_extrapolate(x, xs: np.ndarray, ys: np.ndarray):
     return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), np.interp(x, xs, ys))
 
 
+# True: at a TP size where the fabric has no measurement of vLLM's custom all-reduce (MI300X TP8), messages below its
+# one-shot limit (ONE_SHOT_BELOW_BYTES) are priced as a one-shot derived from the TP sizes that are measured
+# (`one_shot_line`), not by the `fp` two-shot that stands in from the limit on (allreduce_latency.yaml header), which
+# runs about twice vLLM's one-shot time there. docs/seed_validation.md section 50. A screening switch
+# (--variant "NAME=PROFILE;ALLREDUCE_ONE_SHOT_DERIVED=False").
+ALLREDUCE_ONE_SHOT_DERIVED = True
+_ONE_SHOT_CURVES: dict[tuple[str, int], tuple[tuple[float, ...], tuple[float, ...]] | None] = {}
+
+
+def one_shot_line(measured: "MeasuredAllreduce", tp: int) -> tuple[float, float] | None:
+    """(latency at zero bytes in us, bytes per us from each peer) of vLLM's one-shot custom all-reduce over `tp` GPUs,
+    derived from the TP sizes where it is measured (`measured.custom_measured_tps`, at least two), or None.
+
+    A one-shot has every GPU read the whole message from each of its tp - 1 peers, on a full mesh each over that
+    peer's own link. At each measured TP size a line, latency = alpha + message / per-peer rate, is fitted to the sizes
+    the one-shot runs (below ONE_SHOT_BELOW_BYTES; world size 2 at every size). Carried to `tp` (assumed, the two
+    measured sizes fixing each): alpha linear in the number of peers, and the GPU's aggregate read rate (peers x
+    per-peer rate) a power of it: on MI300X TP2 gives 6.66 us and 48.9 GB/s, TP4 6.86 us and 3 x 35.0 GB/s, so TP8
+    7.26 us and 7 x 27.0 GB/s, whose 16.9 us at 256 KiB meets the measured two-shot there (16.4 us)."""
+    fits = []
+    for t in measured.custom_measured_tps:
+        xs, ys = (np.asarray(v, dtype=float) for v in measured.curves[t]["custom"])
+        below = np.inf if t == 2 else ONE_SHOT_BELOW_BYTES[4 if t <= 4 else 8]
+        one_shot = xs < below
+        if one_shot.sum() < 2:
+            continue
+        seconds_per_byte, alpha = np.polyfit(xs[one_shot], ys[one_shot], 1)
+        fits.append((t - 1, alpha, (t - 1) / seconds_per_byte))
+    if len(fits) < 2:
+        return None
+    peers, alphas, aggregate = (np.asarray(v, dtype=float) for v in zip(*fits))
+    alpha_per_peer, alpha_0 = np.polyfit(peers, alphas, 1)
+    exponent, log_rate = np.polyfit(np.log(peers), np.log(aggregate), 1)
+    n = tp - 1
+    return float(alpha_0 + alpha_per_peer * n), float(np.exp(log_rate) * n ** exponent / n)
+
+
+def custom_allreduce_curve(measured: "MeasuredAllreduce", tp: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(sizes, latencies in us) of vLLM's custom all-reduce over `tp` GPUs on the fabric: the measured curve where there
+    is one; elsewhere the `fp` two-shot from the one-shot limit on, below it the derived one-shot (`one_shot_line`,
+    where ALLREDUCE_ONE_SHOT_DERIVED and the limit applies: TP 3-8)."""
+    custom = measured.curves[tp]["custom"]
+    if tp in measured.custom_measured_tps or not ALLREDUCE_ONE_SHOT_DERIVED or not 2 < tp <= 8:
+        return custom
+    key = (measured.fabric, tp)
+    if key not in _ONE_SHOT_CURVES:
+        line = one_shot_line(measured, tp)
+        curve = None
+        if line is not None:
+            alpha, per_peer = line
+            below = float(ONE_SHOT_BELOW_BYTES[4 if tp <= 4 else 8])
+            xs, ys = measured.curves[tp]["fp"]
+            two_shot = [(x, y) for x, y in zip(xs, ys) if x >= below]
+            pts = [(1.0, alpha + 1.0 / per_peer), (below - 1.0, alpha + (below - 1.0) / per_peer)] + two_shot
+            curve = (tuple(x for x, _ in pts), tuple(y for _, y in pts))
+        _ONE_SHOT_CURVES[key] = curve
+    return _ONE_SHOT_CURVES[key] or custom
+
+
 def measured_allreduce_s(message_bytes, measured: "MeasuredAllreduce", tp: int, quick_reduce_codec: str | None = None,
                          quick_reduce_min_bytes: float = 0.0):
     """Seconds of one all-reduce of `message_bytes` (scalar or array) over `tp` GPUs as measured on the fabric, on the
     path vLLM takes on ROCm: QuickReduce with its codec for messages of at least its minimum size where it is on
-    (quick_reduce_rule), else its custom all-reduce below CUSTOM_ALLREDUCE_MAX_BYTES and RCCL from there. None where
+    (quick_reduce_rule), else its custom all-reduce (custom_allreduce_curve) below CUSTOM_ALLREDUCE_MAX_BYTES and RCCL
+    from there. None where
     the measurements have no figures for this TP size."""
     paths = measured.curves.get(int(tp))
     if paths is None:
         return None
 
     def at(path: str):
-        xs, ys = paths[path]
+        xs, ys = custom_allreduce_curve(measured, tp) if path == "custom" else paths[path]
         return _interp_extrapolate(message_bytes, np.asarray(xs), np.asarray(ys))
 
     custom, rccl = at("custom"), at("rccl")

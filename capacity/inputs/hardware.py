@@ -466,6 +466,7 @@ class MeasuredAllreduce:
 
     fabric: str
     curves: dict[int, dict[str, tuple[tuple[float, ...], tuple[float, ...]]]]
+    custom_measured_tps: tuple[int, ...] = ()    # the TP sizes whose `custom` path is measured (not the `fp` stand-in)
 
 
 ALLREDUCE_LATENCY_FILE = "allreduce_latency.yaml"
@@ -475,7 +476,8 @@ ALLREDUCE_LATENCY_FILE = "allreduce_latency.yaml"
 def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
     """The measured all-reduce latencies that apply to `gpu_name` (the fabric whose `gpus` list names it), or None.
     The `custom` path comes from the rows of `custom_from` whose kernel is vLLM's custom all-reduce, at the TP sizes
-    they cover; elsewhere it is the table's `fp` column (the file's header says why)."""
+    they cover; elsewhere it is the table's `fp` column (the file's header says why; below vLLM's one-shot limit the
+    cost model derives it instead, step_cost.custom_allreduce_curve)."""
     folder = data_dir() / "measurements"
     doc = yaml.safe_load((folder / ALLREDUCE_LATENCY_FILE).read_text())
     for fabric, entry in doc["fabrics"].items():
@@ -495,9 +497,11 @@ def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
             with open(folder / ref["file"], newline="") as f:
                 rows = [r for r in csv.DictReader(f) if r["gpu"] == ref["gpu"]
                         and r["kernel"].startswith("vLLM custom all-reduce")]
-            for tp in sorted({int(r["tp"]) for r in rows} & set(curves)):
+            measured_tps = tuple(sorted({int(r["tp"]) for r in rows} & set(curves)))
+            for tp in measured_tps:
                 pts = sorted((float(r["message_bytes"]), float(r["time_us"])) for r in rows if int(r["tp"]) == tp)
                 curves[tp]["custom"] = (tuple(x for x, _ in pts), tuple(y for _, y in pts))
+            return MeasuredAllreduce(fabric, curves, measured_tps)
         return MeasuredAllreduce(fabric, curves)
     return None
 
