@@ -136,3 +136,20 @@ def test_the_switch_restores_the_two_shot_stand_in_at_tp8(monkeypatch, table):
     monkeypatch.setattr(step_cost, "ALLREDUCE_ONE_SHOT_DERIVED", False)
     xs, ys = table.curves[8]["fp"]
     assert measured_allreduce_s(65536.0, table, 8) * 1e6 == pytest.approx(np.interp(65536.0, xs, ys))
+
+
+def test_the_large_message_switch_prices_from_vllms_nccl_size_at_the_bus_bandwidth(monkeypatch):
+    """Screening switch, off as shipped (docs/seed_validation.md section 50). On, a B200 all-reduce at or above the size
+    from which vLLM hands it to NCCL on capability 10.0 (TP4: 32 MiB, all_reduce_utils.py) costs the latency plus the
+    ring's 2 (n - 1) / n of the message at the given bus bandwidth; below it, the fitted form is unchanged."""
+    assert step_cost.LARGE_ALLREDUCE_BUSBW_GB_S == 0.0
+    model = load_model("Llama-3.3-70B-Instruct", weight_precision="fp8")
+    gpu = load_gpu("B200")
+    cost = StepCostModel(gpu, model, 4)
+    small, large = 16.0 * MIB, 64.0 * MIB
+    before = [cost._allreduce_call_s(x, cost.efficiency) for x in (small, large)]
+    monkeypatch.setattr(step_cost, "LARGE_ALLREDUCE_BUSBW_GB_S", 679.61)
+    assert cost._allreduce_call_s(small, cost.efficiency) == pytest.approx(before[0])
+    expected = gpu.scaleup_latency_us * 1e-6 + 1.5 * large / 679.61e9
+    assert cost._allreduce_call_s(large, cost.efficiency) == pytest.approx(expected)
+    assert expected < before[1]

@@ -459,6 +459,13 @@ def allreduce_bytes(message_bytes, tp: int, algorithm: str = "vllm", quick_reduc
 # and elsewhere: the latency-plus-bytes form of `allreduce_bytes` at the profile's scale-up bandwidth. A screening switch
 # (scripts/screen_cost_terms.py --variant "NAME=PROFILE.yaml;ALLREDUCE_MEASURED_LATENCY=False").
 ALLREDUCE_MEASURED_LATENCY = True
+# A screening switch (--variant "NAME=PROFILE;LARGE_ALLREDUCE_BUSBW_GB_S=679.61"), off (0): on a GPU priced by the
+# latency-plus-bytes form, messages at or above the size from which vLLM hands an all-reduce to NCCL on CUDA
+# (capability 10.0: TP2 8 MiB, TP4 32 MiB, TP8 128 MiB, vllm/distributed/device_communicators/all_reduce_utils.py
+# SYMM_MEM_ALL_REDUCE_MAX_SIZES; docs/nvidia_allreduce_paths.md) move their ring bytes at this bus bandwidth (NCCL's
+# large-message rate) instead of at the fitted fraction `allreduce` of the links. docs/seed_validation.md section 50.
+LARGE_ALLREDUCE_BUSBW_GB_S = 0.0
+NCCL_FROM_BYTES = {2: 8 << 20, 4: 32 << 20, 8: 128 << 20}
 
 
 def _interp_extrapolate(x, xs: np.ndarray, ys: np.ndarray):
@@ -1416,9 +1423,16 @@ class StepCostModel:
         if self._allreduce_measured is not None:
             measured, codec, quick_min = self._allreduce_measured
             return measured_allreduce_s(message_bytes, measured, self.tp, codec, quick_min) / eff["allreduce"]
-        return (self.gpu.scaleup_latency_us * 1e-6
-                + allreduce_bytes(message_bytes, self.tp, self._allreduce_algorithm, self._quick_reduce)
-                / (self._allreduce_bw * eff["allreduce"]))
+        seconds = (self.gpu.scaleup_latency_us * 1e-6
+                   + allreduce_bytes(message_bytes, self.tp, self._allreduce_algorithm, self._quick_reduce)
+                   / (self._allreduce_bw * eff["allreduce"]))
+        if LARGE_ALLREDUCE_BUSBW_GB_S and self.tp in NCCL_FROM_BYTES:
+            large = (self.gpu.scaleup_latency_us * 1e-6
+                     + 2.0 * (self.tp - 1) / self.tp * message_bytes / (LARGE_ALLREDUCE_BUSBW_GB_S * 1e9))
+            seconds = np.where(np.asarray(message_bytes) >= NCCL_FROM_BYTES[self.tp], large, seconds)
+            if np.ndim(seconds) == 0:
+                seconds = float(seconds)
+        return seconds
 
     def _priced(self, shape: tuple, f: StepFeatures, eff: dict[str, float]) -> dict[str, np.ndarray | float]:
         """`time_parts` from its `_shape_parts` and the step's attention features."""
