@@ -495,8 +495,8 @@ def one_shot_line(measured: "MeasuredAllreduce", tp: int) -> tuple[float, float]
     peer's own link. At each measured TP size a line, latency = alpha + message / per-peer rate, is fitted to the sizes
     the one-shot runs (below ONE_SHOT_BELOW_BYTES; world size 2 at every size). Carried to `tp` (assumed, the two
     measured sizes fixing each): alpha linear in the number of peers, and the GPU's aggregate read rate (peers x
-    per-peer rate) a power of it: on MI300X TP2 gives 6.66 us and 48.9 GB/s, TP4 6.86 us and 3 x 35.0 GB/s, so TP8
-    7.26 us and 7 x 27.0 GB/s, whose 16.9 us at 256 KiB meets the measured two-shot there (16.4 us)."""
+    per-peer rate) a power of it: on MI300X TP2 gives 6.51 us and 48.0 GB/s, TP4 6.86 us and 3 x 35.0 GB/s, so TP8
+    7.56 us and 7 x 27.4 GB/s, whose 17.1 us just below 256 KiB meets the measured two-shot there (16.4 us)."""
     fits = []
     for t in measured.custom_measured_tps:
         xs, ys = (np.asarray(v, dtype=float) for v in measured.curves[t]["custom"])
@@ -542,8 +542,7 @@ def measured_allreduce_s(message_bytes, measured: "MeasuredAllreduce", tp: int, 
     """Seconds of one all-reduce of `message_bytes` (scalar or array) over `tp` GPUs as measured on the fabric, on the
     path vLLM takes on ROCm: QuickReduce with its codec for messages of at least its minimum size where it is on
     (quick_reduce_rule), else its custom all-reduce (custom_allreduce_curve) below CUSTOM_ALLREDUCE_MAX_BYTES and RCCL
-    from there. None where
-    the measurements have no figures for this TP size."""
+    from there. None where the measurements have no figures for this TP size."""
     paths = measured.curves.get(int(tp))
     if paths is None:
         return None
