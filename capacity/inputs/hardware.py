@@ -493,6 +493,7 @@ def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
             curves[int(tp)] = {path: (sizes, tuple(float(v) for v in values)) for path, values in paths.items()}
             curves[int(tp)]["custom"] = curves[int(tp)]["fp"]
         ref = entry.get("custom_from")
+        measured_tps: tuple[int, ...] = ()
         if ref:
             with open(folder / ref["file"], newline="") as f:
                 rows = [r for r in csv.DictReader(f) if r["gpu"] == ref["gpu"]
@@ -501,8 +502,7 @@ def measured_allreduce(gpu_name: str) -> MeasuredAllreduce | None:
             for tp in measured_tps:
                 pts = sorted((float(r["message_bytes"]), float(r["time_us"])) for r in rows if int(r["tp"]) == tp)
                 curves[tp]["custom"] = (tuple(x for x, _ in pts), tuple(y for _, y in pts))
-            return MeasuredAllreduce(fabric, curves, measured_tps)
-        return MeasuredAllreduce(fabric, curves)
+        return MeasuredAllreduce(fabric, curves, measured_tps)
     return None
 
 
