@@ -32,6 +32,18 @@ def test_capture_size_is_vllms_rule(max_num_seqs, n_spec, max_batched, expected)
     assert cudagraph_max_tokens(max_num_seqs, n_spec, max_batched) == expected
 
 
+@pytest.mark.parametrize("max_num_seqs, n_spec, max_batched, server_size, expected", [
+    (1024, 0, 8192, 8192, 8192),   # compilation-config cudagraph_capture_sizes up to 8192 (InferenceX gpt-oss, MI355X 2025)
+    (4, 0, 8192, 2048, 2048),      # --max-cudagraph-capture-size 2048 replaces min(2 * max_num_seqs, 512)
+    (32, 3, 8192, 64, 64),         # ... below the default as well
+    (1024, 0, 4096, 8192, 4096),   # and is still at most max_num_batched_tokens
+])
+def test_the_servers_capture_size_replaces_the_default(max_num_seqs, n_spec, max_batched, server_size, expected):
+    """vllm/config/vllm.py `_set_cudagraph_sizes`: the default rule applies only when max_cudagraph_capture_size is
+    None; a given size (or the largest of cudagraph_capture_sizes) is used, then clipped to max_num_batched_tokens."""
+    assert cudagraph_max_tokens(max_num_seqs, n_spec, max_batched, server_size) == expected
+
+
 def _eager_gpu(name: str = "MI300X", eager_us: float = EAGER_US):
     return load_gpu(name).with_overrides(efficiency={"eager_kernel_us": eager_us})
 
@@ -68,16 +80,23 @@ def test_a_profile_without_a_kernel_count_is_refused_in_one_line():
         cost.time_parts(cost.features([1024], [1024]), dict(cost.efficiency, eager_kernel_us=EAGER_US))
 
 
-@pytest.mark.parametrize("max_num_seqs, prompt, eager_step", [(1, 1024, True), (1024, 400, False)])
-def test_the_simulation_charges_a_lone_prompt_step_by_the_engines_capture_size(max_num_seqs, prompt, eager_step):
+@pytest.mark.parametrize("max_num_seqs, capture_size, prompt, eager_step", [
+    (1, None, 1024, True), (1024, None, 400, False), (1, 2048, 1024, False), (1024, 256, 400, True)])
+def test_the_simulation_charges_a_lone_prompt_step_by_the_engines_capture_size(max_num_seqs, capture_size, prompt,
+                                                                               eager_step):
     """A lone request's TTFT is its request delay plus one prefill step (tests/test_prompt_token_delay.py); with
     `engine.max_num_seqs` 1 vLLM captures graphs of up to 2 tokens, so a 1,024-token prompt step runs without one and
-    pays its kernels' launches; with 1,024 the largest graph is 512 tokens and a 400-token prompt replays it."""
+    pays its kernels' launches; with 1,024 the largest graph is 512 tokens and a 400-token prompt replays it. A
+    server started with --max-cudagraph-capture-size 2048 replays the 1,024-token step whatever max_num_seqs is, and
+    one started with 256 launches a 400-token step's kernels from the host."""
     from capacity.inputs import scenario as scenario_mod
     from capacity.sim import simulate
     ttft = {}
     for eager_us in (0.0, EAGER_US):
-        sc = {"name": "eager", "engine": {"max_num_seqs": max_num_seqs},
+        engine = {"max_num_seqs": max_num_seqs}
+        if capture_size is not None:
+            engine["max_cudagraph_capture_size"] = capture_size
+        sc = {"name": "eager", "engine": engine,
               "deployment": {"gpu": "MI300X", "model": "meta-llama/Llama-3.1-8B", "tensor_parallel_size": 1,
                              "gpu_overrides": {"efficiency": {"eager_kernel_us": eager_us}}},
               "traffic": {"arrival": {"process": "poisson", "rate_rps": 0.001}, "num_requests": 1,

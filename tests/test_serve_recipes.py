@@ -312,3 +312,4 @@ def test_minimax_mi355x_v019_runs_async_where_its_script_does(rows):
     assert states == {True, False}
     for r in mm[mm.framework_version == "vllm/vllm-openai-rocm:v0.18.0"].to_dict("records"):
         assert row_scenario(r)[0].get("engine", {}).get("async_scheduling", True) is True
+

@@ -701,14 +701,18 @@ CUDAGRAPH_MAX_CAPTURE_SIZE = 512
 
 
 def cudagraph_max_tokens(max_num_seqs: int, num_speculative_tokens: int = 0,
-                         max_num_batched_tokens: int | None = None) -> int:
-    """The largest step (scheduled tokens) vLLM V1 replays from a captured CUDA/HIP graph when no compilation
-    config says otherwise: vllm/config/vllm.py `_set_cudagraph_sizes` (read at 09f030e; the draft factor since vLLM
-    PR #30330, December 2025):
-    decode_query_len = 1 + num_speculative_tokens; min(max_num_seqs * decode_query_len * 2, 512), then at most
-    max_num_batched_tokens (before PR #30330, `min(max_num_seqs * 2, 512)`, PR #20628). The same on ROCm
-    (vllm/platforms/rocm.py overrides no capture size)."""
-    size = min(int(max_num_seqs) * (1 + int(num_speculative_tokens)) * 2, CUDAGRAPH_MAX_CAPTURE_SIZE)
+                         max_num_batched_tokens: int | None = None, max_capture_size: int | None = None) -> int:
+    """The largest step (scheduled tokens) vLLM V1 replays from a captured CUDA/HIP graph: vllm/config/vllm.py
+    `_set_cudagraph_sizes` (read at 09f030e; the draft factor since vLLM PR #30330, December 2025). Without a size
+    from the server's arguments, decode_query_len = 1 + num_speculative_tokens; min(max_num_seqs * decode_query_len *
+    2, 512) (before PR #30330, `min(max_num_seqs * 2, 512)`, PR #20628). `max_capture_size` is the one the server
+    was given (`--max-cudagraph-capture-size`, or the largest of compilation-config `cudagraph_capture_sizes`),
+    which replaces that rule. Either way at most max_num_batched_tokens. The same on ROCm (vllm/platforms/rocm.py
+    overrides no capture size)."""
+    if max_capture_size is None:
+        size = min(int(max_num_seqs) * (1 + int(num_speculative_tokens)) * 2, CUDAGRAPH_MAX_CAPTURE_SIZE)
+    else:
+        size = int(max_capture_size)
     return size if max_num_batched_tokens is None else min(size, int(max_num_batched_tokens))
 
 

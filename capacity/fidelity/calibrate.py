@@ -268,7 +268,8 @@ class Repricer:
                                       engine.get("max_num_seqs", scenario_mod.Engine.model_fields["max_num_seqs"].default),
                                       (rec.scenario.get("speculative") or {}).get("num_speculative_tokens") or 0,
                                       engine.get("max_num_batched_tokens",
-                                                 scenario_mod.Engine.model_fields["max_num_batched_tokens"].default)))
+                                                 scenario_mod.Engine.model_fields["max_num_batched_tokens"].default),
+                                      engine.get("max_cudagraph_capture_size")))
         f = rec.features
         self.features = StepFeatures(*(f[:, i] for i in range(f.shape[1])))
         # the first step whose recorded start is at or after a request reached the engine

@@ -99,7 +99,8 @@ def simulate_scenario(sc: dict[str, Any]):
         model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)
         spec = build_speculation(scen.speculative.model_dump(), gpu, model, d.tensor_parallel_size,
                                  allow_n_past_block=True,
-                                 engine_limits=(scen.engine.max_num_seqs, scen.engine.max_num_batched_tokens))
+                                 engine_limits=(scen.engine.max_num_seqs, scen.engine.max_num_batched_tokens,
+                                                scen.engine.max_cudagraph_capture_size))
     return simulate.run(scen, speculation=spec)
 
 

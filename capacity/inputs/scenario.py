@@ -99,6 +99,13 @@ class Engine(_Strict):
                                 "by the server and counted as failed, outside every statistic, as vllm bench serve "
                                 "does; null = the model config's max_position_embeddings",
         json_schema_extra={"unit": "tokens"})
+    max_cudagraph_capture_size: int | None = Field(
+        None, ge=1, description="vLLM --max-cudagraph-capture-size (or the largest of compilation-config "
+                                "cudagraph_capture_sizes): the largest step, in scheduled tokens, replayed from a "
+                                "captured graph; a larger step (a long prompt chunk) launches its kernels from the "
+                                "host. null = vLLM's default, min(2 x max_num_seqs x (1 + num_speculative_tokens), "
+                                "512); at most max_num_batched_tokens either way",
+        json_schema_extra={"unit": "tokens"})
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of each GPU's HBM vLLM may use for "
                                                                         "weights, activations and the KV cache")
     long_prefill_token_threshold: int = Field(0, ge=0, description="most prompt tokens one request gets in a step "

@@ -81,7 +81,8 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
     kv_split = 1 if model.uses_mla else tp
     if speculation is None:
         speculation = build_speculation(scenario.speculative.model_dump(), gpu, model, tp, model_runner=e.model_runner,
-                                        engine_limits=(e.max_num_seqs, e.max_num_batched_tokens))
+                                        engine_limits=(e.max_num_seqs, e.max_num_batched_tokens,
+                                                       e.max_cudagraph_capture_size))
         _share_draft_memo(speculation)
     extra_weights = speculation.weight_bytes
     weights_per_gpu = (model.weight_bytes_total + extra_weights) / tp
@@ -120,7 +121,8 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
                                  quick_reduce_quantization=e.quick_reduce_quantization,
                                  attention_backend=e.attention_backend, moe_backend=e.moe_backend,
                                  graph_max_tokens=cudagraph_max_tokens(e.max_num_seqs, speculation.num_speculative_tokens,
-                                                                       e.max_num_batched_tokens)))
+                                                                       e.max_num_batched_tokens,
+                                                                       e.max_cudagraph_capture_size)))
     return Deployed(gpu, model, cost, limits, kv_split, block_bytes, memory_gb, speculation,
                     drop_last_cached_block=uses_target_hidden_states(speculation.method))
 

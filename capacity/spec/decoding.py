@@ -150,7 +150,7 @@ def resolve_draft(method: DraftMethod, target: ModelArch, draft: str | None) -> 
 
 def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int,
                       model_runner: str = "v1", allow_n_past_block: bool = False,
-                      engine_limits: tuple[int, int] | None = None) -> Speculation:
+                      engine_limits: tuple[int, int, int | None] | None = None) -> Speculation:
     """The engine's Speculation for a scenario's `speculative` section
     {method, num_speculative_tokens, draft, acceptance, policy[, overrides]}.
 
@@ -163,7 +163,8 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     measured acceptance at every one of the N positions, so those blocks ran. The drafter is then
     priced with the N asked for (one forward over N + 1 queries) under a static policy.
 
-    `engine_limits` (max_num_seqs, max_num_batched_tokens) give the policy's step-time estimate vLLM's graph
+    `engine_limits` (max_num_seqs, max_num_batched_tokens, the server's max_cudagraph_capture_size or None) give the
+    policy's step-time estimate vLLM's graph
     capture size (`cudagraph_max_tokens`), so it prices a verification batch too large for a graph as the
     simulation does; None: every step is priced as graph-replayed."""
     cfg = _as_dict(spec_cfg)
@@ -206,7 +207,7 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     if acc_dict.get("temperature") is not None:
         kwargs["temperature"] = float(acc_dict["temperature"])
     acceptance = acceptance_from_config(acc_cfg, method=method.name, target=target.name, **kwargs)
-    graph_max_tokens = None if engine_limits is None else cudagraph_max_tokens(engine_limits[0], n, engine_limits[1])
+    graph_max_tokens = None if engine_limits is None else cudagraph_max_tokens(engine_limits[0], n, *engine_limits[1:])
     target_cost = StepCostModel(gpu, target, tp, model_runner=model_runner, graph_max_tokens=graph_max_tokens)
     policy = policy_from_config(policy_cfg, n, target_cost=target_cost, draft_cost=draft_cost,
                                 acceptance=acceptance)

@@ -1154,6 +1154,8 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
     serve = ["vllm", "serve", d.model, "--tensor-parallel-size", str(tp),
              "--max-num-seqs", str(e.max_num_seqs), "--max-num-batched-tokens", str(e.max_num_batched_tokens),
              "--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
+    if e.max_cudagraph_capture_size is not None:
+        serve += ["--max-cudagraph-capture-size", str(e.max_cudagraph_capture_size)]
     if d.kv_cache_dtype == "fp8":
         serve += ["--kv-cache-dtype", "fp8"]
     if d.expert_parallel:
