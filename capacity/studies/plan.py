@@ -1156,6 +1156,10 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
              "--gpu-memory-utilization", f"{e.gpu_memory_utilization:g}"]
     if e.max_cudagraph_capture_size is not None:
         serve += ["--max-cudagraph-capture-size", str(e.max_cudagraph_capture_size)]
+        if gpu.efficiency.get("eager_kernel_us"):
+            notes.append(f"steps of up to {e.max_cudagraph_capture_size} tokens are priced as replayed graphs, without "
+                         f"{gpu.name}'s host time per kernel; on MI355X's gpt-oss-120b rows served that way (vLLM 0.10.1) "
+                         "prompts took about 13 ms more than that prices (docs/seed_validation.md section 51)")
     if d.kv_cache_dtype == "fp8":
         serve += ["--kv-cache-dtype", "fp8"]
     if d.expert_parallel:
