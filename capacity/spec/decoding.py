@@ -164,9 +164,8 @@ def build_speculation(spec_cfg: Any, gpu: GpuProfile, target: ModelArch, tp: int
     priced with the N asked for (one forward over N + 1 queries) under a static policy.
 
     `engine_limits` (max_num_seqs, max_num_batched_tokens, the server's max_cudagraph_capture_size or None) give the
-    policy's step-time estimate vLLM's graph
-    capture size (`cudagraph_max_tokens`), so it prices a verification batch too large for a graph as the
-    simulation does; None: every step is priced as graph-replayed."""
+    policy's step-time estimate vLLM's graph capture size (`cudagraph_max_tokens`), so it prices a verification batch
+    too large for a graph as the simulation does; None: every step is priced as graph-replayed."""
     cfg = _as_dict(spec_cfg)
     if allow_n_past_block:
         n = int(cfg.get("num_speculative_tokens") or 0)
