@@ -224,6 +224,22 @@ def test_error_table_is_median_and_p90_of_relative_error():
     assert row["n"] == 10
 
 
+@pytest.mark.parametrize("n", [292, 100, 37, 10])
+def test_rows_above_the_threshold_and_the_most_the_p90_allows(n):
+    """`most_above` is the largest k such that k rows above 20 %, however far above, still leave the 90th percentile
+    (numpy's linear interpolation, as error_table) at or below 20 % when the rest are below it; with one more row far
+    enough above it is over."""
+    def frame(k):
+        e = np.r_[np.full(n - k, 0.10), np.full(k, 0.50)]
+        return pd.DataFrame({"target": ["a"] * (n - k) + ["b"] * k, "speedup": 2.0,
+                             "predicted_speedup_default": 2.0 * (1 + e)})
+    k = vs.rows_above(frame(0))["most_above"]
+    assert np.quantile(np.r_[np.full(n - k, 0.10), np.full(k, 1e6)], 0.9) <= 0.20
+    assert np.quantile(np.r_[np.full(n - k - 1, 0.10), np.full(k + 1, 1e6)], 0.9) > 0.20
+    a = vs.rows_above(frame(k + 1))
+    assert a["above"] == k + 1 and a["by_target"] == {"b": k + 1} and a["rows"] == n
+
+
 def test_fit_recovers_known_overheads():
     """Rows generated from known per-method pass overheads, per-GPU per-sequence host costs and
     per-GPU costs per verified draft token (synthetic RowRuns on two GPUs): the fit returns them."""

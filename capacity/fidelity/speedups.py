@@ -347,6 +347,20 @@ def error_table(rows: pd.DataFrame, key: str | None, pred: str = "predicted_spee
     return out
 
 
+def rows_above(rows: pd.DataFrame, threshold: float = 0.20, quantile: float = 0.9,
+               pred: str = "predicted_speedup_default", meas: str = "speedup") -> dict[str, Any]:
+    """The rows whose |pred - meas| / meas exceeds `threshold`, in all and by target, and the most that can exceed it,
+    however far, with the `quantile` of the errors still at or below it (linear interpolation, as `error_table`'s
+    p90): with n rows the quantile sits at position q (n - 1) of the sorted errors, so n - 1 - ceil(q (n - 1))."""
+    ok = rows[pred].notna() & rows[meas].notna() & (rows[meas] > 0)
+    sub = rows[ok]
+    above = sub[ape(sub[pred], sub[meas]) > threshold]
+    n = int(len(sub))
+    return {"threshold": threshold, "quantile": quantile, "rows": n, "above": int(len(above)),
+            "most_above": max(n - 1 - math.ceil(quantile * (n - 1)), 0) if n else 0,
+            "by_target": {str(k): int(v) for k, v in above.groupby("target").size().sort_values(ascending=False).items()}}
+
+
 def best_n_regret(rows: pd.DataFrame, pred: str = "predicted_output_tok_s", meas: str = "output_tok_s",
                   keys: tuple[str, ...] = ("target", "method", "dataset"),
                   n_col: str = "num_speculative_tokens") -> pd.DataFrame:
@@ -540,6 +554,11 @@ def summary_text(s: dict[str, Any]) -> str:
             for label, o in (("the planner as shipped (what it predicts for these rows)", s["errors"]["default"]["overall"][0]),
                              ("re-fitted on these rows", s["errors"]["fitted"]["overall"][0]),
                              ("leave-one-target-out", s["errors"]["loto"]["overall"][0]))))
+    a = s.get("above_20pct")
+    if a and a["rows"]:
+        lines.append(f"Rows above {a['threshold']:.0%} as shipped: {a['above']} of {a['rows']} (the p90 is at most "
+                     f"{a['threshold']:.0%} with at most {a['most_above']}, however far above): "
+                     + ", ".join(f"{t} {n}" for t, n in a["by_target"].items()))
     lines.append("")
     lines.append("Load inferred per target (closed loop of C users, from the mean measured baseline):")
     lines.append(f"  {'target':30} {'GPU':7} {'TP':>2} {'C':>4} {'measured':>9} {'simulated':>9} {'err':>6} "
@@ -766,6 +785,7 @@ def run(files: list[str] | None = None, workers: int = 2, progress: bool = True,
         "loto_fits": {t: {m: f.get(m, start[m]) for m in start} for t, f in loto_fits.items()},
         "errors": errors,
         "regret": regret,
+        "above_20pct": rows_above(mod),
         "shape": shape_table(rows.loc[ok]),
         "targets": {"median_ok": bool(overall["median_ape"] <= 0.07), "p90_ok": bool(overall["p90_ape"] <= 0.20),
                     "regret_ok": bool(regret["fitted"]["mean"] <= 0.02), "all_modelled": len(ok) == len(rows)},
