@@ -357,7 +357,7 @@ def rows_above(rows: pd.DataFrame, threshold: float = 0.20, quantile: float = 0.
     above = sub[ape(sub[pred], sub[meas]) > threshold]
     n = int(len(sub))
     return {"threshold": threshold, "quantile": quantile, "rows": n, "above": int(len(above)),
-            "most_above": max(n - 1 - math.ceil(quantile * (n - 1)), 0) if n else 0,
+            "most_above": max(n - 1 - math.ceil(quantile * (n - 1)), 0),
             "by_target": {str(k): int(v) for k, v in above.groupby("target").size().sort_values(ascending=False).items()}}
 
 
