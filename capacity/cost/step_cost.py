@@ -115,7 +115,10 @@ decode or prefill step is priced as before):
   once per touched expert on CUDA, whose Marlin MoE kernel is not modelled in blocks. The FLOPs run at the
   bf16 grouped-GEMM rate `moe` like every other format's experts; the step takes the larger of the two.
   One efficiency on both sides made an 8k-token Kimi-K2.5 INT4 prefill 2.1x slower than measured on
-  MI355X (TP8) once decode had pulled `moe_int4` down.
+  MI355X (TP8) once decode had pulled `moe_int4` down. On ROCm `moe_int4` is the kernel's rate under the tiles
+  vLLM ships tuned for a GPU and MoE shape; a shape without such a file runs the default tiles, which stream the
+  experts 6x slower (capacity/data/vllm_int4_moe_configs.yaml, INT4_DEFAULT_TILES; docs/seed_validation.md
+  section 52): Kimi-K2.5 on MI300X at any TP, or on MI355X at TP4.
 * Expert parallelism (vLLM `--enable-expert-parallel` with tensor parallelism and no data
   parallelism: EP size = TP size). Each GPU holds E / EP whole experts instead of a 1/TP slice of
   every expert, so the per-GPU memory and the mean per-GPU MoE work are the same as with TP; the
@@ -136,7 +139,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, measured_allreduce, moe_kernel_curve, weight_format
+from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, int4_moe_tiles, measured_allreduce, moe_kernel_curve,
+                                      weight_format)
 
 if TYPE_CHECKING:
     from capacity.inputs.hardware import GpuProfile, MeasuredAllreduce, MoeKernelCurve
@@ -312,11 +316,27 @@ INT4_TRITON_BLOCK_M_ABOVE = 64               # BLOCK_SIZE_M above the table's la
 # A screening switch (scripts/screen_cost_terms.py --variant "NAME=GPU;INT4_WEIGHT_PER_BLOCK=False"): False prices
 # the int4 weights once per touched expert, as before docs/seed_validation.md section 38.
 INT4_WEIGHT_PER_BLOCK = True
+# The same kernel's tiles: vLLM reads tuned ones from a file per GPU and MoE shape (E local experts, N the expert width
+# per GPU), else takes `get_default_config`'s, which PR #35093 measured 5-7x slower on Kimi-K2.5's shapes
+# (capacity/data/vllm_int4_moe_configs.yaml). `moe_int4` is the rate under tuned tiles; a shape without a file streams
+# its experts at `moe_int4` / `default_tiles_slowdown`. A screening switch: False prices every shape at `moe_int4`, as
+# before docs/seed_validation.md section 52.
+INT4_DEFAULT_TILES = True
 # A screening switch (scripts/screen_cost_terms.py --variant "NAME=PROFILE;GEMM_TILE_M_HALF=128", PROFILE with a
 # `gemm_curve` section): where a profile has the GEMM curve, every dense GEMM call of a step computes this many token
 # rows more than the step has (a tile's padding rows, M + M_half instead of M), so mid-M decode GEMMs run below the
 # ceiling and prompt-sized ones at it. 0: off (docs/seed_validation.md section 48).
 GEMM_TILE_M_HALF = 0.0
+
+
+def int4_default_tiles(gpu: "GpuProfile", model: "ModelArch", tensor_parallel_size: int, expert_parallel_size: int = 1
+                       ) -> bool:
+    """Whether vLLM runs this model's int4 experts on `gpu` under its default tiles: no tuned file for the GPU, the experts
+    on one GPU (E / EP) and the expert width on one GPU (the whole expert under EP, else a 1/TP slice); INT4_DEFAULT_TILES.
+    Only meaningful where vLLM's Triton int4 MoE runs (int4 experts on ROCm)."""
+    ep = max(int(expert_parallel_size), 1)
+    width = model.expert_intermediate_size // (1 if ep > 1 else int(tensor_parallel_size))
+    return not int4_moe_tiles().has_tuned(gpu.name, model.num_experts // ep, width)
 
 
 def int4_triton_block_m(num_tokens: np.ndarray | float) -> np.ndarray | float:
@@ -1073,8 +1093,12 @@ class StepCostModel:
             self.moe_efficiency_key = "moe_int4"
         # weight-only int4 experts on ROCm run vLLM's Triton int4 kernel, which unpacks each expert's weights once per
         # block of its tokens (INT4_TRITON_BLOCK_M); CUDA runs Marlin's MoE, whose blocking is not modelled
-        self._int4_weight_per_block = (INT4_WEIGHT_PER_BLOCK and gpu.is_rocm and model.num_moe_layers > 0
-                                       and self.moe_efficiency_key == "moe_int4")
+        int4_triton = gpu.is_rocm and model.num_moe_layers > 0 and self.moe_efficiency_key == "moe_int4"
+        self._int4_weight_per_block = INT4_WEIGHT_PER_BLOCK and int4_triton
+        # ... under the tiles vLLM ships tuned for this GPU and MoE shape, or under its default tiles, which stream the
+        # experts `default_tiles_slowdown` times slower than the `moe_int4` rate (INT4_DEFAULT_TILES)
+        self.int4_default_tiles = int4_triton and INT4_DEFAULT_TILES and int4_default_tiles(gpu, model, self.tp, self.ep)
+        self._int4_stream_scale = 1.0 / int4_moe_tiles().default_tiles_slowdown if self.int4_default_tiles else 1.0
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])
@@ -1305,7 +1329,7 @@ class StepCostModel:
             experts = expected_distinct_experts(m.num_experts, m.experts_per_token, routed)
             # the grouped GEMM's compute at `moe`; its weight reads at the expert kernel's own efficiency
             # (`moe_int4` for weight-only int4 experts: module docstring), the same `moe` for every other format
-            moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key]
+            moe, moe_stream = eff["moe"], eff[self.moe_efficiency_key] * self._int4_stream_scale
             if self._w4a16_experts:
                 moe = moe_stream
             pad = self._expert_pad

@@ -552,6 +552,30 @@ def moe_kernel_curve(architecture: str) -> MoeKernelCurve | None:
                           compute_by_format=tuple((k, float(v)) for k, v in sorted(own.items())))
 
 
+INT4_MOE_CONFIGS_FILE = "vllm_int4_moe_configs.yaml"
+
+
+@dataclass(frozen=True)
+class Int4MoeTiles:
+    """vLLM's tuned tile files for its Triton int4 (W4A16) MoE kernel on ROCm (capacity/data/vllm_int4_moe_configs.yaml):
+    the (GPU, local experts, expert width per GPU) shapes that have one, and how much slower the default tiles run."""
+    default_tiles_slowdown: float
+    tuned: frozenset[tuple[str, int, int]]
+
+    def has_tuned(self, gpu_name: str, experts: int, expert_width: int) -> bool:
+        """Whether vLLM ships tuned int4_w4a16 tiles for this GPU and MoE shape."""
+        return (gpu_name.lower(), int(experts), int(expert_width)) in self.tuned
+
+
+@functools.lru_cache(maxsize=None)
+def int4_moe_tiles() -> Int4MoeTiles:
+    """The shipped table of vLLM's tuned int4 MoE tiles (Int4MoeTiles)."""
+    data = yaml.safe_load((data_dir() / INT4_MOE_CONFIGS_FILE).read_text())
+    return Int4MoeTiles(float(data["default_tiles_slowdown"]["value"]),
+                        frozenset((str(t["gpu"]).lower(), int(t["experts"]), int(t["expert_width"]))
+                                  for t in data.get("tuned") or ()))
+
+
 def load_gpu(name_or_path: str | os.PathLike[str]) -> GpuProfile:
     """Load a shipped profile by case-insensitive name ("mi300x", "H100 SXM") or any profile YAML by path."""
     text = os.fspath(name_or_path).strip()

@@ -51,10 +51,11 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from capacity.cost.step_cost import StepFeatures, quick_reduce_rule, resolve_moe_backend
+from capacity.cost.step_cost import StepFeatures, int4_default_tiles, quick_reduce_rule, resolve_moe_backend
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, load_gpu
+from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, int4_moe_tiles,
+                                      load_gpu)
 from capacity.inputs.models import load_model
 from capacity.inputs.step_cost_fidelity import expected_error, margin_against_error
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
@@ -1132,6 +1133,18 @@ def _shell_quote(text: str) -> str:
     return shlex.quote(text)
 
 
+def int4_tiles_note(gpu: GpuProfile, model, tp: int, expert_parallel: bool) -> str | None:
+    """The deployment note where vLLM would run the model's int4 experts under its default tiles (step_cost
+    `int4_default_tiles`), else None."""
+    if not (gpu.is_rocm and model.num_moe_layers and gpu.moe_efficiency_key(model.compute_weight_dtype) == "moe_int4"
+            and int4_default_tiles(gpu, model, tp, tp if expert_parallel else 1)):
+        return None
+    return (f"vLLM ships no tuned int4 MoE tiles for {model.name}'s experts on {gpu.name} at TP{tp}, so its Triton int4 "
+            f"kernel runs the default tiles, priced {int4_moe_tiles().default_tiles_slowdown:g}x slower on the experts "
+            "than tuned ones (vLLM PR #35093 measured 5-7x); tuned tiles (vLLM's benchmarks/kernels/benchmark_moe.py "
+            "--tune) would make the plan's MoE faster (capacity/data/vllm_int4_moe_configs.yaml)")
+
+
 def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str, Any]:
     """The recommendation as something to deploy: servers of the GPU's platform (GPUs per server:
     the profile's `scaleup_world_size`, the GPUs of one scale-up domain, i.e. one 8-GPU node), the
@@ -1177,6 +1190,9 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
     model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)   # as the simulation loads it
+    tiles = int4_tiles_note(gpu, model, tp, d.expert_parallel)
+    if tiles:
+        notes.append(tiles)
     env, attention = attention_backend_args(gpu, model, e.attention_backend)
     serve += [*attention, "--port", "8000"]
     if "ROCM_AITER_FA" in attention:

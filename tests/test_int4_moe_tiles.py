@@ -1,0 +1,93 @@
+"""vLLM's tuned tiles for its Triton int4 (W4A16) MoE kernel on ROCm, and the default tiles a shape without them runs.
+
+Independent truth: vLLM's lookup (vllm/model_executor/layers/fused_moe/fused_moe.py `get_config_file_name` and
+`try_get_optimal_moe_config`): the file is `E={E},N={N},device_name={device},dtype=int4_w4a16.json` with E the
+experts on this GPU (w2's first dimension) and N the expert width on this GPU (w2's last, doubled back from int4
+packing); without it, `get_default_config`. The slowdown is vLLM PR #35093's measurement ("~5-7x perf increase when
+running MoE in isolation", Kimi-K2.5's shapes on CDNA4). Kimi-K2.5's shape is its verbatim HF config's
+(n_routed_experts 384, moe_intermediate_size 2048)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import yaml
+
+from capacity.cost import step_cost
+from capacity.cost.step_cost import StepCostModel
+from capacity.inputs.hardware import INT4_MOE_CONFIGS_FILE, int4_moe_tiles, load_gpu
+from capacity.inputs.models import load_model
+from capacity.paths import data_dir
+
+KIMI = "moonshotai/Kimi-K2.5"
+
+
+def test_each_tuned_entry_names_the_file_vllm_looks_up():
+    entries = yaml.safe_load((data_dir() / INT4_MOE_CONFIGS_FILE).read_text())["tuned"]
+    assert entries
+    for t in entries:
+        device = "AMD_Instinct_" + t["gpu"]
+        assert t["file"] == f"E={t['experts']},N={t['expert_width']},device_name={device},dtype=int4_w4a16.json"
+
+
+def test_the_slowdown_is_inside_the_range_vllm_measured():
+    assert 5.0 <= int4_moe_tiles().default_tiles_slowdown <= 7.0
+
+
+@pytest.mark.parametrize("gpu, tp, expert_parallel, tuned", [
+    ("MI355X", 8, False, True),     # E=384, N=2048/8=256: PR #35093's file
+    ("MI350X", 8, False, True),     # its MI350X sibling file
+    ("MI355X", 4, False, False),    # N=512: no file (PR #38536 closed unmerged)
+    ("MI355X", 8, True, False),     # expert parallelism: E=48 whole experts, N=2048
+    ("MI300X", 8, False, False),    # no int4_w4a16 file for CDNA3
+    ("MI325X", 8, False, False),
+])
+def test_the_shape_on_one_gpu_picks_the_file(gpu, tp, expert_parallel, tuned):
+    cost = StepCostModel(load_gpu(gpu), load_model(KIMI), tp, expert_parallel=expert_parallel)
+    assert cost.int4_default_tiles is not tuned
+
+
+@pytest.mark.parametrize("gpu", ["H100", "H200", "B200"])
+def test_cuda_runs_int4_experts_in_marlin_which_the_files_do_not_configure(gpu):
+    assert not StepCostModel(load_gpu(gpu), load_model(KIMI), 8).int4_default_tiles
+
+
+def _decode_moe_s(gpu_name: str, tp: int, monkeypatch, default_tiles: bool) -> float:
+    monkeypatch.setattr(step_cost, "INT4_DEFAULT_TILES", default_tiles)
+    gpu = load_gpu(gpu_name)
+    cost = StepCostModel(gpu, load_model(KIMI), tp)
+    f = cost.features(np.ones(16), np.full(16, 1024))
+    # `moe` 1: the FLOPs side never binds, and no time per routed token: the step's expert time is the weight stream's
+    eff = {**gpu.efficiency, "moe": 1.0, "moe_token_overhead_ns": 0.0, "aiter_moe_token_overhead_ns": 0.0}
+    return float(cost.time_parts(f, eff)["moe_gemm"])
+
+
+@pytest.mark.parametrize("gpu, tp", [("MI300X", 8), ("MI355X", 4)])
+def test_default_tiles_stream_the_experts_that_many_times_slower(gpu, tp, monkeypatch):
+    slow = _decode_moe_s(gpu, tp, monkeypatch, True)
+    fast = _decode_moe_s(gpu, tp, monkeypatch, False)
+    assert slow / fast == pytest.approx(int4_moe_tiles().default_tiles_slowdown, rel=1e-9)
+
+
+def test_a_tuned_shape_is_priced_at_moe_int4_itself(monkeypatch):
+    assert _decode_moe_s("MI355X", 8, monkeypatch, True) == _decode_moe_s("MI355X", 8, monkeypatch, False)
+
+
+def test_cdna3_and_cdna4_fit_one_tuned_rate():
+    """MI300X's rows ran the default tiles and MI355X's the tuned ones; with the slowdown applied, the two fits' tuned
+    rates (fractions of each GPU's expert stream bandwidth) agree within the measured range's spread (5-7x: +-17 %),
+    where as two separate knobs they differed 5.7x."""
+    ratio = load_gpu("MI300X").efficiency["moe_int4"] / load_gpu("MI355X").efficiency["moe_int4"]
+    assert 5.0 / 6.0 <= ratio <= 7.0 / 6.0
+
+
+@pytest.mark.parametrize("gpu, tp, says", [("MI300X", 8, True), ("MI355X", 4, True), ("MI355X", 8, False),
+                                           ("H200", 8, False)])
+def test_the_plan_says_where_it_priced_the_default_tiles(gpu, tp, says):
+    from capacity.studies.plan import int4_tiles_note
+
+    note = int4_tiles_note(load_gpu(gpu), load_model(KIMI), tp, expert_parallel=False)
+    assert (note is not None) is says
+    if says:
+        assert f"on {gpu} at TP{tp}" in note and "default tiles" in note
+    assert int4_tiles_note(load_gpu(gpu), load_model("openai/gpt-oss-120b"), tp, expert_parallel=False) is None
