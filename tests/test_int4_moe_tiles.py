@@ -91,3 +91,34 @@ def test_the_plan_says_where_it_priced_the_default_tiles(gpu, tp, says):
     if says:
         assert f"on {gpu} at TP{tp}" in note and "default tiles" in note
     assert int4_tiles_note(load_gpu(gpu), load_model("openai/gpt-oss-120b"), tp, expert_parallel=False) is None
+
+
+@pytest.mark.parametrize("tiles, gpu, tp, default", [("tuned", "MI300X", 8, False), ("default", "MI355X", 8, True),
+                                                      ("auto", "MI355X", 8, False), ("tuned", "H200", 8, False),
+                                                      ("default", "H200", 8, False)])
+def test_a_scenario_says_which_tiles_its_server_runs(tiles, gpu, tp, default):
+    """engine.int4_moe_tiles: 'tuned' for a server given tuned tiles (VLLM_TUNED_CONFIG_FOLDER), 'default' for one
+    without; CUDA's Marlin MoE ignores it."""
+    assert StepCostModel(load_gpu(gpu), load_model(KIMI), tp, int4_tiles=tiles).int4_default_tiles is default
+
+
+def test_the_plan_note_is_for_the_shipped_table_only():
+    from capacity.studies.plan import int4_tiles_note
+
+    assert int4_tiles_note(load_gpu("MI300X"), load_model(KIMI), 8, False, "tuned") is None
+    assert "engine.int4_moe_tiles=tuned" in int4_tiles_note(load_gpu("MI300X"), load_model(KIMI), 8, False, "auto")
+
+
+def test_a_simulated_scenario_prices_the_tiles_it_names():
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+
+    def deployed(tiles: str):
+        sc = {"name": "tiles", "engine": {"int4_moe_tiles": tiles},
+              "deployment": {"gpu": "MI300X", "model": KIMI, "tensor_parallel_size": 8},
+              "traffic": {"arrival": {"process": "poisson", "rate_rps": 0.001}, "num_requests": 1,
+                          "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 100},
+                                       "output_tokens": {"dist": "fixed", "value": 20}}]}}
+        return simulate.deploy(scenario_mod.from_dict(sc)).cost
+
+    assert deployed("auto").int4_default_tiles and not deployed("tuned").int4_default_tiles

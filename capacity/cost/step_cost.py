@@ -1064,7 +1064,7 @@ class StepCostModel:
                  state_snapshot_write_efficiency: float = STATE_SNAPSHOT_WRITE_EFFICIENCY,
                  model_runner: str = "v1", expert_parallel: bool = False, async_scheduling: bool = True,
                  quick_reduce_quantization: str = "none", attention_backend: str = "auto", moe_backend: str = "auto",
-                 graph_max_tokens: int | None = None):
+                 graph_max_tokens: int | None = None, int4_tiles: str = "auto"):
         self.gpu = gpu
         # vLLM's async scheduling: the host work of a step overlaps the GPU's (module docstring)
         self.async_scheduling = bool(async_scheduling)
@@ -1097,7 +1097,11 @@ class StepCostModel:
         self._int4_weight_per_block = INT4_WEIGHT_PER_BLOCK and int4_triton
         # ... under the tiles vLLM ships tuned for this GPU and MoE shape, or under its default tiles, which stream the
         # experts `default_tiles_slowdown` times slower than the `moe_int4` rate (INT4_DEFAULT_TILES)
-        self.int4_default_tiles = int4_triton and INT4_DEFAULT_TILES and int4_default_tiles(gpu, model, self.tp, self.ep)
+        # (engine.int4_moe_tiles: 'auto' reads the shipped table, 'tuned' / 'default' say what the server runs)
+        if int4_tiles not in ("auto", "tuned", "default"):
+            raise CapacityError(f"engine.int4_moe_tiles '{int4_tiles}' is not one of auto, tuned, default")
+        untuned = int4_tiles == "default" if int4_tiles != "auto" else int4_default_tiles(gpu, model, self.tp, self.ep)
+        self.int4_default_tiles = int4_triton and INT4_DEFAULT_TILES and untuned
         self._int4_stream_scale = 1.0 / int4_moe_tiles().default_tiles_slowdown if self.int4_default_tiles else 1.0
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"

@@ -264,6 +264,7 @@ class Repricer:
                                   quick_reduce_quantization=engine.get("quick_reduce_quantization", "none"),
                                   attention_backend=engine.get("attention_backend", "auto"),
                                   moe_backend=engine.get("moe_backend", "auto"),
+                                  int4_tiles=engine.get("int4_moe_tiles", "auto"),
                                   graph_max_tokens=cudagraph_max_tokens(
                                       engine.get("max_num_seqs", scenario_mod.Engine.model_fields["max_num_seqs"].default),
                                       (rec.scenario.get("speculative") or {}).get("num_speculative_tokens") or 0,

@@ -147,6 +147,13 @@ class Engine(_Strict):
                             "fp4 (gfx950, vLLM quark_moe.py), triton otherwise. The fixed time per kernel of a profile "
                             "with kernels_per_dense_layer depends on it, and on CDNA3/CDNA4 aiter prices the experts "
                             "from AITER's measured kernel times")
+    int4_moe_tiles: Literal["auto", "tuned", "default"] = Field(
+        "auto", description="the tiles of vLLM's Triton MoE kernel for weight-only int4 (W4A16) experts on AMD GPUs "
+                            "(e.g. Kimi-K2.5 INT4): 'auto': the tuned tile file vLLM ships for the GPU and MoE shape "
+                            "where there is one (capacity/data/vllm_int4_moe_configs.yaml), else its default tiles, "
+                            "which stream the experts 6x slower; 'tuned': your server reads tuned tiles for this shape "
+                            "(e.g. from vLLM's benchmarks/kernels/benchmark_moe.py --tune, via VLLM_TUNED_CONFIG_FOLDER); "
+                            "'default': no tuned file. Other GPUs and expert formats ignore it")
     activation_reserve_gb: float | None = Field(
         None, ge=0,
         description="per-GPU memory besides the weights that vLLM's start-up profiling takes from the KV cache "

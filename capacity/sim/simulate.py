@@ -120,6 +120,7 @@ def deploy(scenario: Scenario, speculation: Speculation | None = None) -> Deploy
                                  async_scheduling=async_scheduling,
                                  quick_reduce_quantization=e.quick_reduce_quantization,
                                  attention_backend=e.attention_backend, moe_backend=e.moe_backend,
+                                 int4_tiles=e.int4_moe_tiles,
                                  graph_max_tokens=cudagraph_max_tokens(e.max_num_seqs, speculation.num_speculative_tokens,
                                                                        e.max_num_batched_tokens,
                                                                        e.max_cudagraph_capture_size)))

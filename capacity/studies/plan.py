@@ -1133,16 +1133,18 @@ def _shell_quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def int4_tiles_note(gpu: GpuProfile, model, tp: int, expert_parallel: bool) -> str | None:
-    """The deployment note where vLLM would run the model's int4 experts under its default tiles (step_cost
-    `int4_default_tiles`), else None."""
-    if not (gpu.is_rocm and model.num_moe_layers and gpu.moe_efficiency_key(model.compute_weight_dtype) == "moe_int4"
+def int4_tiles_note(gpu: GpuProfile, model, tp: int, expert_parallel: bool, tiles: str = "auto") -> str | None:
+    """The deployment note where the plan priced the model's int4 experts under vLLM's default tiles because vLLM ships
+    no tuned ones for the shape (engine.int4_moe_tiles 'auto'; step_cost `int4_default_tiles`), else None."""
+    if not (tiles == "auto" and gpu.is_rocm and model.num_moe_layers
+            and gpu.moe_efficiency_key(model.compute_weight_dtype) == "moe_int4"
             and int4_default_tiles(gpu, model, tp, tp if expert_parallel else 1)):
         return None
     return (f"vLLM ships no tuned int4 MoE tiles for {model.name}'s experts on {gpu.name} at TP{tp}, so its Triton int4 "
             f"kernel runs the default tiles, priced {int4_moe_tiles().default_tiles_slowdown:g}x slower on the experts "
-            "than tuned ones (vLLM PR #35093 measured 5-7x); tuned tiles (vLLM's benchmarks/kernels/benchmark_moe.py "
-            "--tune) would make the plan's MoE faster (capacity/data/vllm_int4_moe_configs.yaml)")
+            "than tuned ones (vLLM PR #35093 measured 5-7x); a server given tuned tiles (vLLM's "
+            "benchmarks/kernels/benchmark_moe.py --tune, VLLM_TUNED_CONFIG_FOLDER) is priced with "
+            "--set engine.int4_moe_tiles=tuned")
 
 
 def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str, Any]:
@@ -1190,7 +1192,7 @@ def deployment(st: _Setup, best: Candidate, rec_sc: dict[str, Any]) -> dict[str,
     if spec:
         serve += ["--speculative-config", json.dumps(spec)]
     model = load_model(d.model, weight_precision=d.precision, kv_dtype=d.kv_cache_dtype)   # as the simulation loads it
-    tiles = int4_tiles_note(gpu, model, tp, d.expert_parallel)
+    tiles = int4_tiles_note(gpu, model, tp, d.expert_parallel, e.int4_moe_tiles)
     if tiles:
         notes.append(tiles)
     env, attention = attention_backend_args(gpu, model, e.attention_backend)
