@@ -122,3 +122,19 @@ def test_a_simulated_scenario_prices_the_tiles_it_names():
         return simulate.deploy(scenario_mod.from_dict(sc)).cost
 
     assert deployed("auto").int4_default_tiles and not deployed("tuned").int4_default_tiles
+
+
+def test_a_seed_targets_tiles_flag_reaches_its_scenario(monkeypatch):
+    """seed_serve_flags.yaml's `int4_moe_tiles` per target becomes the seed scenario's engine.int4_moe_tiles; the
+    article's Kimi-K2.5 command names no tuned-config folder, so its target runs vLLM's shipped files ('auto')."""
+    from capacity.fidelity import speedups
+    from capacity.measurements import clients
+
+    row = {"target": KIMI, "gpu": "MI300X", "tp": "4", "precision": "int4 (checkpoint native)",
+           "max_num_batched_tokens": "", "max_model_len": ""}
+    dep = speedups.Deployment.from_row(row)
+    assert dep.int4_moe_tiles == "auto"
+    assert "int4_moe_tiles" not in speedups.scenario_dict(dep, 8)["engine"]
+    monkeypatch.setattr(clients, "_serve_flags", lambda: {KIMI: {"int4_moe_tiles": "tuned"}})
+    dep = speedups.Deployment.from_row(row)
+    assert speedups.scenario_dict(dep, 8)["engine"]["int4_moe_tiles"] == "tuned"

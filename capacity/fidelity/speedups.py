@@ -50,7 +50,7 @@ from capacity.fidelity.common import (FITTED_PARAMETER, SEQ_KEY, TOK_KEY, ape, g
                                       seq_key, simulate_scenario, tok_key, with_efficiency)
 from capacity.fidelity.spec_serving import predict_serving_rows, serving_text
 from capacity.inputs.hardware import load_gpu
-from capacity.measurements.clients import SEED_WORKLOAD, attention_backend, model_runner, moe_backend
+from capacity.measurements.clients import SEED_WORKLOAD, attention_backend, int4_moe_tiles, model_runner, moe_backend
 from capacity.measurements.row_scenario import speculative_config
 from capacity.measurements.schemas import parse_float, read_spec_measurements, spec_precision
 from capacity.paths import data_dir
@@ -96,6 +96,7 @@ class Deployment:
     gpu_overrides: dict[str, Any] | None = field(default=None, compare=False, hash=False)
     attention_backend: str = "auto"
     moe_backend: str = "auto"
+    int4_moe_tiles: str = "auto"
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Deployment":
@@ -105,7 +106,8 @@ class Deployment:
             raise CapacityError(f"{row.get('target')}: tp '{row.get('tp')}' is not a positive number")
         return cls(str(row["target"]), str(row["gpu"]), int(tp), spec_precision(row.get("precision")),
                    None if math.isnan(mnbt) else int(mnbt), None if math.isnan(mml) else int(mml),
-                   model_runner(row), attention_backend=attention_backend(row), moe_backend=moe_backend(row))
+                   model_runner(row), attention_backend=attention_backend(row), moe_backend=moe_backend(row),
+                   int4_moe_tiles=int4_moe_tiles(row))
 
 
 def num_prompts(concurrency: int, prompts_per_user: int = PROMPTS_PER_USER) -> int:
@@ -131,6 +133,8 @@ def scenario_dict(dep: Deployment, concurrency: int, prompts_per_user: int = PRO
         engine["attention_backend"] = dep.attention_backend
     if dep.moe_backend != "auto":
         engine["moe_backend"] = dep.moe_backend
+    if dep.int4_moe_tiles != "auto":
+        engine["int4_moe_tiles"] = dep.int4_moe_tiles
     if dep.max_num_batched_tokens:
         engine["max_num_batched_tokens"] = dep.max_num_batched_tokens
     sc = {

@@ -8,8 +8,8 @@
   carry (KV-cache dtype, batched-token budget, async scheduling), read from the series' published
   benchmark script (`serve_recipe`);
 * the seed article's speedup rows: SEED_WORKLOAD, the request shape its client is assumed to have
-  sent, and seed_serve_flags.yaml, the serve command's model runner and attention backend per target
-  (`model_runner`, `attention_backend`).
+  sent, and seed_serve_flags.yaml, the serve command's model runner and kernel choices per target
+  (`model_runner`, `attention_backend`, `moe_backend`, `int4_moe_tiles`).
 """
 
 from __future__ import annotations
@@ -107,6 +107,12 @@ def moe_backend(row: dict[str, Any]) -> str:
     """The fused-MoE kernels a seed-article row's target is simulated with (a scenario's engine.moe_backend): the
     target's `moe_backend` in `seed_serve_flags.yaml`, else "auto"."""
     return _target_flag(row, "moe_backend", "auto")
+
+
+def int4_moe_tiles(row: dict[str, Any]) -> str:
+    """The int4 MoE tiles a seed-article row's target is simulated with (a scenario's engine.int4_moe_tiles): the
+    target's `int4_moe_tiles` in `seed_serve_flags.yaml`, else "auto" (vLLM's shipped tile files)."""
+    return _target_flag(row, "int4_moe_tiles", "auto")
 
 
 def _target_flag(row: dict[str, Any], key: str, default: str) -> str:
