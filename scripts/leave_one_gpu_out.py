@@ -10,6 +10,9 @@ a family, the bandwidth its expert efficiencies are fractions of) - what
 serving rows (hw_profiles/README.md). Within a family (H100 <-> H200, both Hopper) this is the
 out-of-sample error a user gets for a sibling GPU; across a generation (MI300X -> MI355X) it is the hard
 case. `--own` also prints the TARGET's error with its own shipped fit (the fitted-row error).
+`--target-host` keeps the TARGET's own host times (HOST_EFFICIENCY_KEYS: per step, per sequence, per request, per
+kernel launched without a graph), so that what is left is the error of the GPU-side efficiencies alone: the rows do
+not record the servers' CPUs, and two GPU generations usually come with two CPU generations.
 Prints median / p90 absolute percentage error of output tok/s per GPU, TPOT and TTFT. Run by hand
 (minutes per pair); not part of the tests.
 """
@@ -24,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from capacity.fidelity import serving
-from capacity.inputs.hardware import family_of, load_gpu
+from capacity.inputs.hardware import HOST_EFFICIENCY_KEYS, family_of, load_gpu
 
 METRICS = ("output_tok_s_per_gpu", "tpot_ms", "ttft_ms")
 
@@ -57,12 +60,17 @@ def main() -> None:
     ap.add_argument("--own", action="store_true", help="also the target's error with its own shipped fit")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="folder: each pair's predicted rows as SOURCE_on_TARGET.csv")
+    ap.add_argument("--target-host", action="store_true",
+                    help="keep the TARGET's own host times (HOST_EFFICIENCY_KEYS): the GPU-side efficiencies' error")
     args = ap.parse_args()
     results = []
     for pair in args.pairs:
         source, target = pair.split(":")
         src = load_gpu(source)
         overrides = {"efficiency": dict(src.efficiency)}
+        if args.target_host:
+            own = load_gpu(target).efficiency
+            overrides["efficiency"].update({k: own[k] for k in HOST_EFFICIENCY_KEYS if k in own})
         if src.kernels_per_dense_layer:   # a layer overhead fitted per dense layer's kernels needs its count
             overrides["kernels_per_dense_layer"] = src.kernels_per_dense_layer
         overrides["gemm_call_us"] = src.gemm_call_us   # so does the per-GEMM-call time they were fitted with (0: none)
@@ -81,7 +89,8 @@ def main() -> None:
             res["own_fit"] = errors(own)
         results.append(res)
         if not args.json:
-            print(line(f"{target} with {source}'s efficiencies", res["transferred"]), flush=True)
+            label = f"{target} with {source}'s efficiencies" + (f" ({target}'s host times)" if args.target_host else "")
+            print(line(label, res["transferred"]), flush=True)
             if args.own:
                 print(line(f"{target} with its own fit", res["own_fit"]), flush=True)
     if args.json:

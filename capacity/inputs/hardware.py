@@ -38,6 +38,11 @@ EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_tri
                    "spec_seq_overhead_us", "spec_token_overhead_us")
 """Parameters of the step-cost model; `capacity calibrate` replaces them with fitted values."""
 
+HOST_EFFICIENCY_KEYS = ("step_overhead_ms", "per_seq_overhead_us", "request_overhead_ms", "eager_kernel_us")
+"""The efficiency keys that are the host's time rather than the GPU's: the engine's work per step and per sequence,
+the API server's delay per request, and the launches of a step without a captured graph. They depend on the server's
+CPU and software, which a serving row does not record (docs/seed_validation.md section 52)."""
+
 FRACTION_EFFICIENCY_KEYS = ("gemm", "moe", "moe_int4", "hbm", "attention", "attention_triton", "allreduce")
 """The efficiency keys that are fractions in (0, 1] (`allreduce` up to its measured ceiling,
 `efficiency_ceiling`); the others are overheads (>= 0)."""
