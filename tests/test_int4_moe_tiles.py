@@ -15,7 +15,7 @@ import yaml
 
 from capacity.cost import step_cost
 from capacity.cost.step_cost import StepCostModel
-from capacity.inputs.hardware import INT4_MOE_CONFIGS_FILE, int4_moe_tiles, load_gpu
+from capacity.inputs.hardware import INT4_MOE_CONFIGS_FILE, int4_tile_table, load_gpu
 from capacity.inputs.models import load_model
 from capacity.paths import data_dir
 
@@ -31,7 +31,7 @@ def test_each_tuned_entry_names_the_file_vllm_looks_up():
 
 
 def test_the_slowdown_is_inside_the_range_vllm_measured():
-    assert 5.0 <= int4_moe_tiles().default_tiles_slowdown <= 7.0
+    assert 5.0 <= int4_tile_table().default_tiles_slowdown <= 7.0
 
 
 @pytest.mark.parametrize("gpu, tp, expert_parallel, tuned", [
@@ -66,7 +66,7 @@ def _decode_moe_s(gpu_name: str, tp: int, monkeypatch, default_tiles: bool) -> f
 def test_default_tiles_stream_the_experts_that_many_times_slower(gpu, tp, monkeypatch):
     slow = _decode_moe_s(gpu, tp, monkeypatch, True)
     fast = _decode_moe_s(gpu, tp, monkeypatch, False)
-    assert slow / fast == pytest.approx(int4_moe_tiles().default_tiles_slowdown, rel=1e-9)
+    assert slow / fast == pytest.approx(int4_tile_table().default_tiles_slowdown, rel=1e-9)
 
 
 def test_a_tuned_shape_is_priced_at_moe_int4_itself(monkeypatch):

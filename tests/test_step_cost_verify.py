@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from capacity.inputs.hardware import int4_moe_tiles, load_gpu
+from capacity.inputs.hardware import int4_tile_table, load_gpu
 from capacity.inputs.models import load_model
 from capacity.cost.step_cost import StepCostModel, StepFeatures
 
@@ -33,7 +33,7 @@ def test_kimi_expert_bytes_use_correlated_routing() -> None:
         routed = batch * (1 + n) ** rho
         experts = 384 * (1 - (1 - 8 / 384) ** routed)
         # int4 experts, on MI300X under vLLM's default tiles (tests/test_int4_moe_tiles.py)
-        rate = gpu.efficiency["moe_int4"] / int4_moe_tiles().default_tiles_slowdown
+        rate = gpu.efficiency["moe_int4"] / int4_tile_table().default_tiles_slowdown
         bytes_s = 60 * experts * m.expert_weight_bytes / (tp * bw * rate)
         got = float(cost.time_parts(_verify_features(batch, n))["moe_gemm"])
         assert got == pytest.approx(bytes_s, rel=1e-9)   # weight-bound at 16 tokens

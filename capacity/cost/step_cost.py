@@ -139,7 +139,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from capacity.errors import CapacityError
-from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, int4_moe_tiles, measured_allreduce, moe_kernel_curve,
+from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, int4_tile_table, measured_allreduce, moe_kernel_curve,
                                       weight_format)
 
 if TYPE_CHECKING:
@@ -336,7 +336,7 @@ def int4_default_tiles(gpu: "GpuProfile", model: "ModelArch", tensor_parallel_si
     Only meaningful where vLLM's Triton int4 MoE runs (int4 experts on ROCm)."""
     ep = max(int(expert_parallel_size), 1)
     width = model.expert_intermediate_size // (1 if ep > 1 else int(tensor_parallel_size))
-    return not int4_moe_tiles().has_tuned(gpu.name, model.num_experts // ep, width)
+    return not int4_tile_table().has_tuned(gpu.name, model.num_experts // ep, width)
 
 
 def int4_triton_block_m(num_tokens: np.ndarray | float) -> np.ndarray | float:
@@ -1102,7 +1102,7 @@ class StepCostModel:
             raise CapacityError(f"engine.int4_moe_tiles '{int4_tiles}' is not one of auto, tuned, default")
         untuned = int4_tiles == "default" if int4_tiles != "auto" else int4_default_tiles(gpu, model, self.tp, self.ep)
         self.int4_default_tiles = int4_triton and INT4_DEFAULT_TILES and untuned
-        self._int4_stream_scale = 1.0 / int4_moe_tiles().default_tiles_slowdown if self.int4_default_tiles else 1.0
+        self._int4_stream_scale = 1.0 / int4_tile_table().default_tiles_slowdown if self.int4_default_tiles else 1.0
         # the attention kernel family (scenario engine.attention_backend; 'auto': GpuProfile.attention_efficiency_key)
         self.attention_key = (gpu.attention_efficiency_key(model) if attention_backend == "auto"
                               else ATTENTION_BACKEND_KEYS[attention_backend])

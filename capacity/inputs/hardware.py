@@ -561,7 +561,7 @@ INT4_MOE_CONFIGS_FILE = "vllm_int4_moe_configs.yaml"
 
 
 @dataclass(frozen=True)
-class Int4MoeTiles:
+class Int4TileTable:
     """vLLM's tuned tile files for its Triton int4 (W4A16) MoE kernel on ROCm (capacity/data/vllm_int4_moe_configs.yaml):
     the (GPU, local experts, expert width per GPU) shapes that have one, and how much slower the default tiles run."""
     default_tiles_slowdown: float
@@ -573,10 +573,10 @@ class Int4MoeTiles:
 
 
 @functools.lru_cache(maxsize=None)
-def int4_moe_tiles() -> Int4MoeTiles:
-    """The shipped table of vLLM's tuned int4 MoE tiles (Int4MoeTiles)."""
+def int4_tile_table() -> Int4TileTable:
+    """The shipped table of vLLM's tuned int4 MoE tiles (Int4TileTable)."""
     data = yaml.safe_load((data_dir() / INT4_MOE_CONFIGS_FILE).read_text())
-    return Int4MoeTiles(float(data["default_tiles_slowdown"]["value"]),
+    return Int4TileTable(float(data["default_tiles_slowdown"]["value"]),
                         frozenset((str(t["gpu"]).lower(), int(t["experts"]), int(t["expert_width"]))
                                   for t in data.get("tuned") or ()))
 

@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from capacity.cost.step_cost import StepFeatures, int4_default_tiles, quick_reduce_rule, resolve_moe_backend
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
-from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, int4_moe_tiles,
+from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, int4_tile_table,
                                       load_gpu)
 from capacity.inputs.models import load_model
 from capacity.inputs.step_cost_fidelity import expected_error, margin_against_error
@@ -1141,7 +1141,7 @@ def int4_tiles_note(gpu: GpuProfile, model, tp: int, expert_parallel: bool, tile
             and int4_default_tiles(gpu, model, tp, tp if expert_parallel else 1)):
         return None
     return (f"vLLM ships no tuned int4 MoE tiles for {model.name}'s experts on {gpu.name} at TP{tp}, so its Triton int4 "
-            f"kernel runs the default tiles, priced {int4_moe_tiles().default_tiles_slowdown:g}x slower on the experts "
+            f"kernel runs the default tiles, priced {int4_tile_table().default_tiles_slowdown:g}x slower on the experts "
             "than tuned ones (vLLM PR #35093 measured 5-7x); a server given tuned tiles (vLLM's "
             "benchmarks/kernels/benchmark_moe.py --tune, VLLM_TUNED_CONFIG_FOLDER) is priced with "
             "--set engine.int4_moe_tiles=tuned")
