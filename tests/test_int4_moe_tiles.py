@@ -150,3 +150,24 @@ def test_the_whole_decode_step_gains_what_vllm_measured_end_to_end(users):
     slow = StepCostModel(gpu, model, 8, int4_tiles="default").step_time_s(*step)
     fast = StepCostModel(gpu, model, 8, int4_tiles="tuned").step_time_s(*step)
     assert 2.5 <= slow / fast <= 4.5
+
+
+def test_a_simulated_benchmark_gains_what_vllm_measured_end_to_end():
+    """PR #35093's end-to-end check, simulated: Kimi-K2.5 INT4 on MI355X at TP8 under `vllm bench serve`'s default random
+    lengths (1,024 in, 128 out) at max_concurrency 16, tuned tiles against default: "~2x lower Mean TTFT and ~3x-4x lower
+    Mean TPOT" (1.5-3x and 2.5-4.5x allowed for "~")."""
+    from capacity.inputs import scenario as scenario_mod
+    from capacity.sim import simulate
+
+    def means(tiles: str) -> tuple[float, float]:
+        sc = {"name": "pr35093", "engine": {"int4_moe_tiles": tiles},
+              "deployment": {"gpu": "MI355X", "model": KIMI, "tensor_parallel_size": 8},
+              "traffic": {"arrival": {"process": "closed_loop", "concurrency": 16}, "num_requests": 128,
+                          "classes": [{"name": "c", "input_tokens": {"dist": "fixed", "value": 1024},
+                                       "output_tokens": {"dist": "fixed", "value": 128}}]}}
+        q = simulate.run(scenario_mod.from_dict(sc)).requests
+        return float((q.first_token_s - q.arrival_s).mean()), float(((q.finish_s - q.first_token_s) / 127).mean())
+
+    (ttft_d, tpot_d), (ttft_t, tpot_t) = means("default"), means("tuned")
+    assert 1.5 <= ttft_d / ttft_t <= 3.0
+    assert 2.5 <= tpot_d / tpot_t <= 4.5
