@@ -49,6 +49,7 @@ from scipy.optimize import least_squares
 
 from capacity.cost.step_cost import StepCostModel, StepFeatures, cudagraph_max_tokens
 from capacity.errors import CapacityError
+from capacity.fidelity import transfer
 from capacity.fidelity.common import IN_FLIGHT_SHORTFALL, error_table, in_flight_ratio, pool_map
 from capacity.fidelity.serving import default_files
 from capacity.inputs import scenario as scenario_mod
@@ -591,6 +592,8 @@ class CalibrationResult:
     lomo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
     lotpo_errors: list[dict[str, Any]] = field(default_factory=list)   # leave-one-TP-size-out
     lotpo_fits: dict[str, dict[str, float]] = field(default_factory=dict)
+    # leave-one-GPU-out within the family: each sibling's shipped rows on these fitted values, no refit
+    sibling_errors: list[dict[str, Any]] = field(default_factory=list)
     out: str | None = None
     fitted_keys: tuple[str, ...] = FITTED_KEYS
     not_fitted: dict[str, str] = field(default_factory=dict)
@@ -611,7 +614,13 @@ class CalibrationResult:
             lines.append(f"{k:24} {self.start[k]:8.3f} {self.fitted[k]:9.3f}{tag}")
         for w in self.warnings:
             lines.append(f"warning: {w}")
-        # out of sample first: what a user asking about a model or TP size outside the fit gets
+        # out of sample first: what a user asking about a sibling GPU, a model or a TP size outside the fit gets
+        for sib in self.sibling_errors:
+            lines.append("")
+            lines.append(f"Leave-one-GPU-out within the family ({sib['sibling']}'s shipped rows on these values, no refit):")
+            lines.append(f"{'metric':22} {'rows':>5} {'median APE':>11} {'p90 APE':>8}")
+            for metric, t in sib["errors"].items():
+                lines.append(f"{metric:22} {t['rows']:5d} {t['median_pct'] / 100:10.1%} {t['p90_pct'] / 100:8.1%}")
         for title, table in (("Leave-one-model-out cross-validation (fit without a model, predict it)", self.lomo_errors),
                              ("Leave-one-TP-size-out cross-validation (fit without a TP size, predict it)",
                               self.lotpo_errors),
@@ -765,6 +774,10 @@ def run(files: list[str] | None, gpu: str, out: str | None = None, holdout: floa
     train = _report_errors(result, fitted, fitted_on_pricers, pricers, split, info)
     if cross_validate:
         _leave_one_model_out(result, train, fitted, keys, fit_kw, recorder)
+        if not files:   # the shipped rows: the family's other GPUs have theirs
+            for sibling in transfer.siblings_with_rows(profile):
+                rows_on_fit = transfer.predict(profile, sibling, efficiency=fitted, workers=workers, progress=progress)
+                result.sibling_errors.append({"sibling": sibling, "errors": transfer.errors(rows_on_fit)})
     for reason, n in recorder.stale.items():
         result.warnings.append(f"{n} re-recordings failed ({reason}); those rows kept their earlier schedule, "
                                f"so their errors are re-priced, not simulated")
