@@ -329,6 +329,13 @@ INT4_DEFAULT_TILES = True
 GEMM_TILE_M_HALF = 0.0
 
 
+def runs_int4_triton_moe(gpu: "GpuProfile", model: "ModelArch") -> bool:
+    """Whether vLLM runs this model's experts in its Triton int4 MoE kernel on `gpu`: weight-only int4 experts on ROCm
+    (`fused_moe_kernel_gptq_awq`; CUDA runs Marlin's MoE)."""
+    return bool(gpu.is_rocm and model.num_moe_layers > 0
+                and gpu.moe_efficiency_key(model.compute_weight_dtype) == "moe_int4")
+
+
 def int4_default_tiles(gpu: "GpuProfile", model: "ModelArch", tensor_parallel_size: int, expert_parallel_size: int = 1
                        ) -> bool:
     """Whether vLLM runs this model's int4 experts on `gpu` under its default tiles: no tuned file for the GPU, the experts
@@ -1093,7 +1100,7 @@ class StepCostModel:
             self.moe_efficiency_key = "moe_int4"
         # weight-only int4 experts on ROCm run vLLM's Triton int4 kernel, which unpacks each expert's weights once per
         # block of its tokens (INT4_TRITON_BLOCK_M); CUDA runs Marlin's MoE, whose blocking is not modelled
-        int4_triton = gpu.is_rocm and model.num_moe_layers > 0 and self.moe_efficiency_key == "moe_int4"
+        int4_triton = runs_int4_triton_moe(gpu, model)
         self._int4_weight_per_block = INT4_WEIGHT_PER_BLOCK and int4_triton
         # ... under the tiles vLLM ships tuned for this GPU and MoE shape, or under its default tiles, which stream the
         # experts `default_tiles_slowdown` times slower than the `moe_int4` rate (INT4_DEFAULT_TILES)

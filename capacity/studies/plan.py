@@ -51,12 +51,13 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from capacity.cost.step_cost import StepFeatures, int4_default_tiles, quick_reduce_rule, resolve_moe_backend
+from capacity.cost.step_cost import (StepFeatures, int4_default_tiles, quick_reduce_rule, resolve_moe_backend,
+                                     runs_int4_triton_moe)
 from capacity.errors import CapacityError
 from capacity.inputs import scenario as scenario_mod
 from capacity.inputs.hardware import (ATTENTION_BACKEND_KEYS, FRACTION_EFFICIENCY_KEYS, GpuProfile, int4_tile_table,
                                       load_gpu)
-from capacity.inputs.models import load_model
+from capacity.inputs.models import ModelArch, load_model
 from capacity.inputs.step_cost_fidelity import expected_error, margin_against_error
 from capacity.inputs.traffic import TrafficConfig, build_requests, expected_requests_per_session
 from capacity.sim import simulate, summary
@@ -1133,11 +1134,10 @@ def _shell_quote(text: str) -> str:
     return shlex.quote(text)
 
 
-def int4_tiles_note(gpu: GpuProfile, model, tp: int, expert_parallel: bool, tiles: str = "auto") -> str | None:
+def int4_tiles_note(gpu: GpuProfile, model: ModelArch, tp: int, expert_parallel: bool, tiles: str = "auto") -> str | None:
     """The deployment note where the plan priced the model's int4 experts under vLLM's default tiles because vLLM ships
     no tuned ones for the shape (engine.int4_moe_tiles 'auto'; step_cost `int4_default_tiles`), else None."""
-    if not (tiles == "auto" and gpu.is_rocm and model.num_moe_layers
-            and gpu.moe_efficiency_key(model.compute_weight_dtype) == "moe_int4"
+    if not (tiles == "auto" and runs_int4_triton_moe(gpu, model)
             and int4_default_tiles(gpu, model, tp, tp if expert_parallel else 1)):
         return None
     return (f"vLLM ships no tuned int4 MoE tiles for {model.name}'s experts on {gpu.name} at TP{tp}, so its Triton int4 "
