@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
 import pandas as pd
 
 from capacity.fidelity import serving
+from capacity.fidelity.common import error_table
 from capacity.inputs.hardware import HOST_EFFICIENCY_KEYS, GpuProfile, family_of, list_gpus, load_gpu
 from capacity.measurements.row_scenario import row_scenario
 from capacity.measurements.schemas import read_measurements
@@ -42,19 +42,11 @@ def transfer_overrides(source: GpuProfile, target: GpuProfile, efficiency: Mappi
 
 
 def errors(rows: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Median and p90 absolute percentage error per METRICS of predicted rows (`serving.run`'s)."""
-    modelled = rows[rows["skipped"].isna()]
-    table: dict[str, dict[str, float]] = {}
-    for metric in METRICS:
-        if metric not in modelled:
-            continue
-        meas = pd.to_numeric(modelled[metric], errors="coerce").to_numpy(dtype=float)   # '' where not reported
-        pred = pd.to_numeric(modelled[f"predicted_{metric}"], errors="coerce").to_numpy(dtype=float)
-        ok = np.isfinite(meas) & np.isfinite(pred) & (meas > 0)
-        ape = np.abs(pred[ok] - meas[ok]) / meas[ok]
-        table[metric] = {"rows": int(ok.sum()), "median_pct": float(np.median(ape) * 100) if ok.any() else float("nan"),
-                         "p90_pct": float(np.percentile(ape, 90) * 100) if ok.any() else float("nan")}
-    return table
+    """Median and p90 absolute percentage error per METRICS of predicted rows (`serving.run`'s), from
+    `common.error_table` over the modelled rows."""
+    table = {t["metric"]: t for t in error_table(rows[rows["skipped"].isna()], [])}
+    return {m: {"rows": table[m]["n"], "median_pct": table[m]["median_ape"] * 100, "p90_pct": table[m]["p90_ape"] * 100}
+            for m in METRICS if m in table}
 
 
 def predict(source: GpuProfile, target: str, efficiency: Mapping[str, float] | None = None, target_host: bool = False,
